@@ -1,0 +1,1 @@
+"""The ``attnlab`` command line: one module per command, registered in :mod:`attnlab.cli.main`."""

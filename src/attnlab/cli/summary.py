@@ -1,0 +1,38 @@
+"""``attnlab summary``: per-layer parameter counts of a preset model."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from attnlab.presets import MODEL_PRESETS, build_preset
+from attnlab.summary import summarize, total_parameters
+
+
+@click.command()
+@click.option("--preset", "preset", type=click.Choice(list(MODEL_PRESETS)), default="paper-base", show_default=True,
+              help="Which model to build.")
+@click.option("--expand", is_flag=True, help="Show attention, feed-forward and norm sub-layers inside each layer.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+def summary(preset: str, expand: bool, as_json: bool) -> None:
+    """Print a per-layer table of parameter counts and the total for a preset model."""
+    model = build_preset(preset)
+    rows = summarize(model, expand=expand)
+    total = total_parameters(rows)
+    if as_json:
+        click.echo(json.dumps({"preset": preset, "total": total,
+                               "rows": [r.__dict__ for r in rows]}))
+        return
+    table = Table(title=f"{preset}: {MODEL_PRESETS[preset].source}", title_justify="left")
+    table.add_column("layer")
+    table.add_column("type")
+    table.add_column("parameters", justify="right")
+    table.add_column("note")
+    for r in rows:
+        table.add_row(r.name, r.kind, f"{r.parameters:,}", r.note)
+    table.add_section()
+    table.add_row("total", "", f"{total:,}", "")
+    Console().print(table)

@@ -1,0 +1,216 @@
+"""Scaled dot-product attention and multi-head attention.
+
+``Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + M) V``, where ``M`` hides the keys that the attend
+mask marks ``False``. Two implementations give the same output:
+
+* :func:`attention_reference` writes the formula out and can return the weights;
+* the fused ``torch.nn.functional.scaled_dot_product_attention`` is used whenever the weights are not
+  asked for (as in nanoGPT's ``model.py``: fast path first, the readable one beside it).
+
+A query row whose keys are *all* hidden (a padding query under causal-plus-padding masking) would be
+``softmax`` of all ``-inf``, i.e. 0/0 = NaN. Both paths give such a row zero weight and a zero output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.errors import AttnlabError
+from attnlab.nn.masks import check_attend_mask
+from attnlab.nn.positions import RotaryEmbedding
+
+
+def masked_softmax(scores: Tensor, *, attend_mask: Tensor | None = None) -> Tensor:
+    """Softmax over the last axis (the keys) with hidden keys at exactly zero weight.
+
+    Hidden scores are set to ``-inf`` *before* the softmax, never multiplied by zero (``e^0 = 1`` would
+    still compete). A row whose keys are all hidden gets all-zero weights instead of 0/0 = NaN.
+
+    Args:
+        scores: (..., queries, keys).
+        attend_mask: bool of the same rank, True = may attend.
+    """
+    if attend_mask is None:
+        return torch.softmax(scores, dim=-1)
+    check_attend_mask(attend_mask, scores.shape)
+    weights = torch.softmax(scores.masked_fill(~attend_mask, float("-inf")), dim=-1)
+    return weights.masked_fill(~attend_mask.any(dim=-1, keepdim=True), 0.0)
+
+
+def attention_reference(
+    q: Tensor, k: Tensor, v: Tensor, *, attend_mask: Tensor | None = None, dropout_p: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """Scaled dot-product attention written out; returns the output and the weights.
+
+    Args:
+        q: (..., queries, d_k).
+        k: (..., keys, d_k).
+        v: (..., keys, d_v).
+        attend_mask: bool, same rank as the scores (..., queries, keys), True = may attend.
+        dropout_p: dropout on the weights (pass 0 outside training).
+
+    Returns:
+        output (..., queries, d_v) and weights (..., queries, keys); each visible row of weights sums
+        to 1 and a fully hidden row is all zeros.
+    """
+    # Dividing by sqrt(d_k) brings the scores back to unit variance so the softmax does not saturate.
+    scores = q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])  # (..., Q, K)
+    weights = masked_softmax(scores, attend_mask=attend_mask)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ v, weights
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    attend_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Attention through the fused kernel, or the reference when ``need_weights`` is set.
+
+    Shapes as in :func:`attention_reference`. Returns ``(output, weights or None)``.
+    """
+    if need_weights:
+        return attention_reference(q, k, v, attend_mask=attend_mask, dropout_p=dropout_p)
+    if attend_mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
+    check_attend_mask(attend_mask, (*q.shape[:-1], k.shape[-2]))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend_mask, dropout_p=dropout_p)
+    # The fused kernels do not agree on fully hidden rows (NaN on some backends): make them zero.
+    return out.masked_fill(~attend_mask.any(dim=-1, keepdim=True), 0.0), None
+
+
+class KVCache:
+    """Keys and values already computed by one attention layer, for incremental decoding.
+
+    For self-attention each step appends the new positions; for cross-attention the encoder's keys
+    and values are stored on the first step and reused on every later one.
+
+    Attributes:
+        k, v: (batch, heads, seen, head_dim), or None before the first step.
+    """
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add new positions and return all keys and values seen so far."""
+        self.k = k if self.k is None else torch.cat((self.k, k), dim=-2)
+        self.v = v if self.v is None else torch.cat((self.v, v), dim=-2)
+        return self.k, self.v
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (beam search reorders hypotheses between steps)."""
+        if self.k is not None and self.v is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention for self- and cross-attention.
+
+    Queries, keys and values are projected to ``num_heads`` heads of width ``head_dim`` each, attended
+    in parallel, concatenated and projected back to ``d_model``. The head width is
+    ``d_model // num_heads`` by default (the paper); pass ``head_dim`` to choose it, e.g.
+    ``head_dim=d_model`` for seed 000's full-width Keras heads (``key_dim=embedding_dim``) or
+    ``head_dim=8`` for seed 003's 8 x 8 projection of a 512-wide model.
+
+    Args:
+        d_model: width of the input and output vectors.
+        num_heads: number of heads.
+        head_dim: width of each head (default ``d_model // num_heads``).
+        dropout: dropout on the attention weights during training.
+        bias: whether the four projections have biases (they do in the paper and the seeds).
+        rotary: optional rotary embedding applied to queries and keys (self-attention only).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        head_dim: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        rotary: RotaryEmbedding | None = None,
+    ) -> None:
+        super().__init__()
+        if head_dim is None:
+            if d_model % num_heads:
+                raise AttnlabError(
+                    f"d_model={d_model} is not divisible by num_heads={num_heads}; "
+                    "choose another head count or pass head_dim explicitly"
+                )
+            head_dim = d_model // num_heads
+        self.num_heads, self.head_dim, self.dropout = num_heads, head_dim, dropout
+        inner = num_heads * head_dim
+        self.q_proj = nn.Linear(d_model, inner, bias=bias)
+        self.k_proj = nn.Linear(d_model, inner, bias=bias)
+        self.v_proj = nn.Linear(d_model, inner, bias=bias)
+        self.out_proj = nn.Linear(inner, d_model, bias=bias)
+        self.rotary = rotary
+
+    def _project_qkv(self, x: Tensor) -> tuple[Tensor, ...]:
+        """The three projections of ``x`` as one matmul with the weights stacked: 3 x (batch, seq, inner)."""
+        weight = torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))
+        bias = None
+        if self.q_proj.bias is not None:
+            bias = torch.cat((self.q_proj.bias, self.k_proj.bias, self.v_proj.bias))
+        return F.linear(x, weight, bias).chunk(3, dim=-1)
+
+    def _split(self, x: Tensor) -> Tensor:
+        """(batch, seq, heads * head_dim) -> (batch, heads, seq, head_dim)."""
+        return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        attend_mask: Tensor | None = None,
+        need_weights: bool = False,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``x`` to ``memory`` (cross-attention) or to ``x`` itself (self-attention).
+
+        Args:
+            x: (batch, queries, d_model), the queries' source.
+            memory: (batch, keys, d_model), the keys' and values' source; None for self-attention.
+            attend_mask: bool (batch or 1, heads or 1, queries or 1, keys), True = may attend.
+            need_weights: also return the attention weights (uses the reference path).
+            cache: keys and values of earlier steps, updated in place.
+
+        Returns:
+            output (batch, queries, d_model) and weights (batch, heads, queries, keys) or None.
+        """
+        if memory is None:  # self-attention: q, k and v from one matmul, faster than three
+            q, k, v = map(self._split, self._project_qkv(x))
+            if self.rotary is not None:
+                offset = 0 if cache is None else len(cache)
+                q, k = self.rotary(q, offset), self.rotary(k, offset)
+            if cache is not None:
+                k, v = cache.append(k, v)
+        else:
+            q = self._split(self.q_proj(x))
+            if cache is not None and cache.k is not None and cache.v is not None:
+                k, v = cache.k, cache.v  # the encoder's keys and values, projected on the first step
+            else:
+                k, v = self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
+                if cache is not None:
+                    cache.append(k, v)
+        dropout_p = self.dropout if self.training else 0.0
+        out, weights = scaled_dot_product_attention(
+            q, k, v, attend_mask=attend_mask, dropout_p=dropout_p, need_weights=need_weights
+        )
+        return self.out_proj(out.transpose(1, 2).flatten(-2)), weights

@@ -1,0 +1,181 @@
+"""One layer of each kind: the feed-forward network, the encoder layer and the decoder layer.
+
+Each sub-layer (attention or feed-forward) is wrapped in a residual connection and a layer norm.
+Post-norm, ``LayerNorm(x + Dropout(Sublayer(x)))``, is the paper's and the seeds' arrangement and the
+default; pre-norm, ``x + Dropout(Sublayer(LayerNorm(x)))``, trains more stably in deep stacks and is what
+GPT-2 and nanoGPT use (``norm_first=True``).
+
+The encoder layer (self-attention + feed-forward) is also the block of a decoder-only language model:
+give it a causal mask and it is a GPT block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor, nn
+
+from attnlab.nn.attention import KVCache, MultiHeadAttention
+from attnlab.nn.positions import RotaryEmbedding
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network: ``Linear(d, d_ff) -> activation -> Linear(d_ff, d)``.
+
+    Shapes: (batch, seq, d_model) -> (batch, seq, d_model), each position independently.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu") -> None:
+        super().__init__()
+        self.up = nn.Linear(d_model, d_ff)
+        self.activation = {"relu": nn.ReLU(), "gelu": nn.GELU()}[activation]
+        self.down = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(self.activation(self.up(x)))
+
+
+class _Residual(nn.Module):
+    """Residual connection plus layer norm around one sub-layer, pre- or post-norm."""
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each with residual and norm.
+
+    Args:
+        d_model: model width.
+        num_heads: attention heads.
+        d_ff: feed-forward inner width.
+        dropout: dropout on each sub-layer's output (the paper) and on the attention weights.
+        head_dim: per-head width (default ``d_model // num_heads``).
+        norm_first: pre-norm instead of the paper's post-norm.
+        eps: layer-norm epsilon (1e-6, as in seed 000).
+        activation: ``"relu"`` (paper) or ``"gelu"`` (GPT).
+        rotary: optional rotary position embedding for the self-attention.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        *,
+        dropout: float = 0.1,
+        head_dim: int | None = None,
+        norm_first: bool = False,
+        eps: float = 1e-6,
+        activation: str = "relu",
+        rotary: RotaryEmbedding | None = None,
+    ) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, num_heads, head_dim=head_dim, dropout=dropout, rotary=rotary)
+        self.attn_block = _Residual(d_model, dropout, norm_first, eps)
+        self.ffn = FeedForward(d_model, d_ff, activation=activation)
+        self.ffn_block = _Residual(d_model, dropout, norm_first, eps)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        attend_mask: Tensor | None = None,
+        need_weights: bool = False,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """(batch, seq, d_model) -> (batch, seq, d_model), and the self-attention weights if asked.
+
+        ``attend_mask``: (batch or 1, 1, seq or 1, keys) bool, True = may attend.
+        """
+        weights: Tensor | None = None
+
+        def attend(h: Tensor) -> Tensor:
+            nonlocal weights
+            out, weights = self.self_attn(h, attend_mask=attend_mask, need_weights=need_weights, cache=cache)
+            return out
+
+        x = self.attn_block(x, attend)
+        return self.ffn_block(x, self.ffn), weights
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention to the encoder output, then feed-forward.
+
+    Block 1 attends over the target so far (``self_attend_mask``: causal, plus target padding); block 2
+    takes its queries from block 1 and its keys and values from the encoder (``memory_attend_mask``:
+    the *source* padding, because the keys are source positions; seed 000, change 8). Arguments as in
+    :class:`EncoderLayer`.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        *,
+        dropout: float = 0.1,
+        head_dim: int | None = None,
+        norm_first: bool = False,
+        eps: float = 1e-6,
+        activation: str = "relu",
+    ) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, num_heads, head_dim=head_dim, dropout=dropout)
+        self.self_block = _Residual(d_model, dropout, norm_first, eps)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads, head_dim=head_dim, dropout=dropout)
+        self.cross_block = _Residual(d_model, dropout, norm_first, eps)
+        self.ffn = FeedForward(d_model, d_ff, activation=activation)
+        self.ffn_block = _Residual(d_model, dropout, norm_first, eps)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        *,
+        self_attend_mask: Tensor | None = None,
+        memory_attend_mask: Tensor | None = None,
+        need_weights: bool = False,
+        self_cache: KVCache | None = None,
+        memory_cache: KVCache | None = None,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Run one decoder layer.
+
+        Args:
+            x: (batch, tgt, d_model) target-side states.
+            memory: (batch, src, d_model) encoder output.
+            self_attend_mask: (batch or 1, 1, tgt, tgt) bool.
+            memory_attend_mask: (batch, 1, 1, src) bool, from the source ids.
+            need_weights: also return both attention weight tensors.
+            self_cache, memory_cache: caches for incremental decoding.
+
+        Returns:
+            (batch, tgt, d_model), self-attention weights (batch, heads, tgt, tgt) and cross-attention
+            weights (batch, heads, tgt, src), the weights None unless asked for.
+        """
+        self_w: Tensor | None = None
+        cross_w: Tensor | None = None
+
+        def attend_self(h: Tensor) -> Tensor:
+            nonlocal self_w
+            out, self_w = self.self_attn(h, attend_mask=self_attend_mask, need_weights=need_weights, cache=self_cache)
+            return out
+
+        def attend_memory(h: Tensor) -> Tensor:
+            nonlocal cross_w
+            out, cross_w = self.cross_attn(
+                h, memory, attend_mask=memory_attend_mask, need_weights=need_weights, cache=memory_cache
+            )
+            return out
+
+        x = self.self_block(x, attend_self)
+        x = self.cross_block(x, attend_memory)
+        return self.ffn_block(x, self.ffn), self_w, cross_w

@@ -1,0 +1,260 @@
+"""Whole models: the encoder-decoder ``Transformer``, the encoder classifier, the decoder-only LM.
+
+Each model builds its own masks from its pad id, so a caller cannot hand it the wrong one:
+
+* encoder self-attention and decoder cross-attention: padding mask from the **source** ids;
+* decoder self-attention: causal mask and padding mask from the **target** ids.
+
+Models return logits. Softmax is the caller's choice: :meth:`probabilities` applies it.
+Each model keeps the keyword arguments it was built with in ``self.config`` (plain JSON types), so a
+checkpoint can store them next to the weights and rebuild the model with ``Model(**config)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.errors import AttnlabError
+from attnlab.nn.attention import KVCache
+from attnlab.nn.masks import causal_mask, decoder_self_mask, padding_mask
+from attnlab.nn.stacks import Decoder, Encoder, PositionKind
+
+
+class _Model(nn.Module):
+    config: dict[str, Any]
+
+    def probabilities(self, *args: Any, **kwargs: Any) -> Tensor:
+        """``softmax(forward(...))`` over the last axis."""
+        out = self(*args, **kwargs)
+        logits = out[0] if isinstance(out, tuple) else out
+        return torch.softmax(logits, dim=-1)
+
+    def num_parameters(self) -> int:
+        """Number of distinct trainable parameters (tied weights counted once)."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+class Transformer(_Model):
+    """The encoder-decoder of Vaswani et al. (2017), as seeds 000 and 003 build it.
+
+    Args:
+        src_vocab_size, tgt_vocab_size: vocabulary sizes.
+        d_model, num_layers, num_heads, d_ff: widths and depth (``num_decoder_layers`` defaults to
+            ``num_layers``).
+        max_src_positions, max_tgt_positions: longest source and target accepted.
+        dropout: dropout rate everywhere the paper puts it.
+        head_dim: per-head width (default ``d_model // num_heads``).
+        pad_id: the padding id in both vocabularies.
+        norm_first: pre-norm layers (default: the paper's post-norm).
+        eps: layer-norm epsilon.
+        positions: ``"sinusoidal"`` (default), ``"learned"`` or ``"none"``.
+        share_embeddings: one embedding table for source and target (a joint vocabulary).
+        tie_output: the output projection reuses the target embedding matrix.
+    """
+
+    def __init__(
+        self,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        d_model: int = 512,
+        num_layers: int = 6,
+        num_heads: int = 8,
+        d_ff: int = 2048,
+        *,
+        max_src_positions: int = 256,
+        max_tgt_positions: int = 256,
+        num_decoder_layers: int | None = None,
+        dropout: float = 0.1,
+        head_dim: int | None = None,
+        pad_id: int = 0,
+        norm_first: bool = False,
+        eps: float = 1e-6,
+        positions: PositionKind = "sinusoidal",
+        share_embeddings: bool = False,
+        tie_output: bool = False,
+    ) -> None:
+        super().__init__()
+        self.config = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        self.pad_id = pad_id
+        common = dict(dropout=dropout, head_dim=head_dim, norm_first=norm_first, eps=eps, positions=positions)
+        self.encoder = Encoder(src_vocab_size, d_model, num_layers, num_heads, d_ff, max_positions=max_src_positions, **common)
+        self.decoder = Decoder(
+            tgt_vocab_size, d_model, num_decoder_layers or num_layers, num_heads, d_ff,
+            max_positions=max_tgt_positions, **common,
+        )
+        if share_embeddings:
+            if src_vocab_size != tgt_vocab_size:
+                raise AttnlabError(f"shared embeddings need one vocabulary, got sizes {src_vocab_size} and {tgt_vocab_size}")
+            self.decoder.embed.tokens = self.encoder.embed.tokens
+        self.output = nn.Linear(d_model, tgt_vocab_size)
+        if tie_output:
+            self.output.weight = self.decoder.embed.tokens.weight
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """(batch, src) ids -> memory (batch, src, d_model) and its attend mask (batch, 1, 1, src)."""
+        memory_mask = padding_mask(src, self.pad_id)
+        memory, _ = self.encoder(src, attend_mask=memory_mask)
+        return memory, memory_mask
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        memory_attend_mask: Tensor,
+        *,
+        need_weights: bool = False,
+        caches: list[tuple[KVCache, KVCache]] | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Target ids and the encoder's memory -> logits (batch, tgt, tgt_vocab) and attention weights.
+
+        With ``caches``, ``tgt`` holds only the new positions; the causal mask then lets them see every
+        cached position (target padding is not re-masked across steps, as greedy and beam search
+        never feed padding).
+        """
+        if caches is None:
+            self_mask = decoder_self_mask(tgt, self.pad_id)
+        else:
+            seen = len(caches[0][0])
+            self_mask = causal_mask(tgt.shape[1], seen + tgt.shape[1], device=tgt.device)
+        states, weights = self.decoder(
+            tgt, memory, self_attend_mask=self_mask, memory_attend_mask=memory_attend_mask,
+            need_weights=need_weights, caches=caches,
+        )
+        return self.output(states), weights
+
+    def new_caches(self) -> list[tuple[KVCache, KVCache]]:
+        """Empty (self-attention, cross-attention) caches, one pair per decoder layer."""
+        return [(KVCache(), KVCache()) for _ in self.decoder.layers]
+
+    def forward(self, src: Tensor, tgt: Tensor, *, return_attention: bool = False) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
+        """(batch, src) and (batch, tgt) ids -> logits (batch, tgt, tgt_vocab).
+
+        With ``return_attention=True`` also returns the decoder's attention weights by seed 000's names.
+        """
+        memory, memory_mask = self.encode(src)
+        logits, weights = self.decode(tgt, memory, memory_mask, need_weights=return_attention)
+        return (logits, weights) if return_attention else logits
+
+
+class EncoderClassifier(_Model):
+    """Encoder-only classifier with masked mean pooling (seed 004's TinyTransformer).
+
+    token embedding + learned positions -> encoder layers with the padding mask -> final norm ->
+    mean over *real* tokens only -> one score per class.
+
+    Args:
+        vocab_size, num_classes: sizes.
+        d_model, num_layers, num_heads, d_ff: widths and depth.
+        max_positions: rows of the position table (seed 004: 120).
+        dropout: dropout rate.
+        pad_id: padding id (seed 004: 0).
+        positions: ``"learned"`` (default), ``"sinusoidal"``, ``"rotary"`` or ``"none"``.
+        scale_embedding: multiply token vectors by sqrt(d_model) (seed 004 does not).
+        norm_first: pre-norm layers.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_classes: int,
+        d_model: int = 64,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        d_ff: int = 128,
+        *,
+        max_positions: int = 120,
+        dropout: float = 0.1,
+        pad_id: int = 0,
+        positions: PositionKind = "learned",
+        scale_embedding: bool = False,
+        norm_first: bool = False,
+    ) -> None:
+        super().__init__()
+        self.config = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        self.pad_id = pad_id
+        self.encoder = Encoder(
+            vocab_size, d_model, num_layers, num_heads, d_ff, max_positions=max_positions, dropout=dropout,
+            norm_first=norm_first, positions=positions, scale_embedding=scale_embedding, eps=1e-5,
+        )
+        # Post-norm layers end normalised already; seed 004 still applies one more norm before pooling.
+        self.norm = nn.LayerNorm(d_model) if not norm_first else nn.Identity()
+        self.out = nn.Linear(d_model, num_classes)
+
+    def pooled(self, ids: Tensor) -> Tensor:
+        """(batch, seq) ids -> (batch, d_model): the mean of the real tokens' final states."""
+        mask = padding_mask(ids, self.pad_id)
+        states, _ = self.encoder(ids, attend_mask=mask)
+        keep = mask[:, 0, 0, :, None].to(states.dtype)  # (batch, seq, 1)
+        # An all-padding row has no real token: divide by 1 instead of 0 so it pools to zeros, not NaN.
+        return (self.norm(states) * keep).sum(1) / keep.sum(1).clamp(min=1.0)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """(batch, seq) ids -> (batch, num_classes) logits."""
+        return self.out(self.pooled(ids))
+
+
+class DecoderLM(_Model):
+    """Decoder-only causal language model (GPT-like; seed 004's "decoder" column).
+
+    Embedding + positions -> pre-norm self-attention blocks with the causal mask -> final norm ->
+    logits over the vocabulary, the output matrix tied to the embedding by default (GPT-2, nanoGPT).
+
+    Args:
+        vocab_size: vocabulary size.
+        d_model, num_layers, num_heads, d_ff: widths and depth (``d_ff`` default ``4 * d_model``).
+        max_positions: context length.
+        dropout: dropout rate.
+        positions: ``"learned"`` (default, GPT-2), ``"sinusoidal"``, ``"rotary"`` or ``"none"``.
+        norm_first: pre-norm (default, GPT-2) or post-norm.
+        tie_output: share the embedding and output matrices.
+        pad_id: if given, keys holding it are masked too (for right-padded batches).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int = 128,
+        num_layers: int = 4,
+        num_heads: int = 4,
+        d_ff: int | None = None,
+        *,
+        max_positions: int = 256,
+        dropout: float = 0.0,
+        positions: PositionKind = "learned",
+        norm_first: bool = True,
+        tie_output: bool = True,
+        pad_id: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        self.pad_id, self.max_positions = pad_id, max_positions
+        self.body = Encoder(
+            vocab_size, d_model, num_layers, num_heads, d_ff or 4 * d_model, max_positions=max_positions,
+            dropout=dropout, norm_first=norm_first, eps=1e-5, activation="gelu", positions=positions,
+            scale_embedding=False,
+        )
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        if tie_output:
+            self.lm_head.weight = self.body.embed.tokens.weight
+
+    def new_caches(self) -> list[KVCache]:
+        """Empty key/value caches, one per layer."""
+        return [KVCache() for _ in self.body.layers]
+
+    def forward(
+        self, ids: Tensor, *, caches: list[KVCache] | None = None, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """(batch, seq) ids -> logits (batch, seq, vocab); position t sees ids 0..t only.
+
+        With ``caches``, ``ids`` holds only the new positions, which follow the cached ones.
+        """
+        seen = 0 if caches is None else len(caches[0])
+        mask = causal_mask(ids.shape[1], seen + ids.shape[1], device=ids.device)
+        if self.pad_id is not None and caches is None:
+            mask = mask & padding_mask(ids, self.pad_id)
+        states, weights = self.body(ids, attend_mask=mask, need_weights=return_attention, caches=caches)
+        logits = self.lm_head(states)
+        return (logits, weights) if return_attention else logits

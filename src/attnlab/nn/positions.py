@@ -1,0 +1,147 @@
+"""Position information: the sinusoidal encoding, a learned table, and rotary embeddings.
+
+Attention alone is blind to order: permute the tokens and the outputs are permuted the same way (seed
+004's shuffle test). Each class here puts the position back in a different way:
+
+* :class:`SinusoidalPositions` adds a fixed table, ``PE[pos, 2i] = sin(pos / 10000^(2i/d))`` and
+  ``PE[pos, 2i+1] = cos(...)`` (Vaswani et al., 2017; seed 000);
+* :class:`LearnedPositions` adds a trained ``nn.Embedding(max_positions, d)`` row (seed 004's router);
+* :class:`RotaryEmbedding` rotates queries and keys instead of adding anything (RoPE, Su et al.).
+
+Every table has a fixed number of rows. Asking for a position past the last row is an
+:class:`~attnlab.errors.AttnlabError` that names both numbers, never a silent wrap-around or an index
+error from deep inside torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.errors import AttnlabError
+
+
+def sinusoidal_angles(num_positions: int, d: int) -> Tensor:
+    """The angle matrix ``pos / 10000^(2i/d)`` with ``i = k // 2`` for dimension ``k``.
+
+    Dimensions ``2i`` and ``2i + 1`` share an angle: one takes its sine, the other its cosine.
+    Computed in float64 so that the float32 encoding built from it is correctly rounded.
+
+    Returns:
+        (num_positions, d) float64.
+    """
+    if num_positions < 0 or d < 1:
+        raise AttnlabError(f"need num_positions >= 0 and d >= 1, got {num_positions} and {d}")
+    pos = torch.arange(num_positions, dtype=torch.float64)[:, None]  # (P, 1)
+    i = torch.arange(d, dtype=torch.float64)[None, :] // 2  # (1, d): 0, 0, 1, 1, 2, 2, ...
+    return pos / torch.pow(10000.0, 2.0 * i / d)
+
+
+def sinusoidal_encoding(num_positions: int, d: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The sine/cosine positional encoding: sine on even columns, cosine on odd ones.
+
+    Any ``d`` works. For even ``d`` every row has norm ``sqrt(d / 2)``; for odd ``d`` the last column
+    is an unpaired sine and the norm varies with the position.
+
+    Returns:
+        (num_positions, d) in ``dtype``.
+    """
+    angles = sinusoidal_angles(num_positions, d)
+    table = torch.empty_like(angles)
+    table[:, 0::2] = torch.sin(angles[:, 0::2])
+    table[:, 1::2] = torch.cos(angles[:, 1::2])
+    return table.to(dtype)
+
+
+def _check_span(length: int, offset: int, max_positions: int, what: str) -> None:
+    if offset < 0 or length < 0:
+        raise AttnlabError(f"positions must be >= 0, got offset {offset} and length {length}")
+    if offset + length > max_positions:
+        raise AttnlabError(
+            f"sequence reaches position {offset + length - 1} but the {what} has only "
+            f"{max_positions} rows (max_positions={max_positions}); truncate the input or build "
+            f"the model with a longer table"
+        )
+
+
+class SinusoidalPositions(nn.Module):
+    """A precomputed sinusoidal table, sliced to the sequence length. Holds no parameters.
+
+    Args:
+        max_positions: rows of the table, the longest sequence this module accepts.
+        d: width of each encoding vector (the model width).
+    """
+
+    def __init__(self, max_positions: int, d: int) -> None:
+        super().__init__()
+        self.max_positions = max_positions
+        # Not persistent: it is a pure function of (max_positions, d), so checkpoints need not carry it.
+        self.register_buffer("table", sinusoidal_encoding(max_positions, d), persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """Encodings of positions ``offset .. offset + length - 1``: (length, d)."""
+        _check_span(length, offset, self.max_positions, "sinusoidal position table")
+        return self.table[offset : offset + length]
+
+
+class LearnedPositions(nn.Module):
+    """A trained position table, one row per position (seed 004's ``nn.Embedding(120, 64)``).
+
+    Args:
+        max_positions: rows of the table.
+        d: width of each row.
+    """
+
+    def __init__(self, max_positions: int, d: int) -> None:
+        super().__init__()
+        self.max_positions = max_positions
+        self.table = nn.Embedding(max_positions, d)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """Rows ``offset .. offset + length - 1``: (length, d)."""
+        _check_span(length, offset, self.max_positions, "learned position table")
+        return self.table.weight[offset : offset + length]
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding, applied to queries and keys inside attention.
+
+    Each pair of dimensions ``(2j, 2j + 1)`` of a head is rotated by the angle ``pos * base^(-2j/h)``.
+    The dot product of a rotated query and key then depends on their positions only through the
+    difference, so attention sees relative distance. Nothing is added to the token vectors.
+
+    Args:
+        head_dim: width of one attention head; must be even.
+        max_positions: rows of the precomputed cos/sin tables.
+        base: the frequency base (10000 as in RoFormer and the sinusoidal encoding).
+    """
+
+    def __init__(self, head_dim: int, max_positions: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if head_dim % 2:
+            raise AttnlabError(f"rotary embedding needs an even head width, got {head_dim}")
+        self.max_positions = max_positions
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        self.register_buffer("cos", torch.cos(angles).float(), persistent=False)  # (P, head_dim/2)
+        self.register_buffer("sin", torch.sin(angles).float(), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """Rotate ``x`` of shape (batch, heads, seq, head_dim) as if it starts at position ``offset``."""
+        length = x.shape[-2]
+        _check_span(length, offset, self.max_positions, "rotary table")
+        cos = self.cos[offset : offset + length].to(x.dtype)  # (seq, head_dim/2)
+        sin = self.sin[offset : offset + length].to(x.dtype)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+        return rotated.flatten(-2)
+
+
+def embedding_scale(d: int) -> float:
+    """The ``sqrt(d)`` factor the paper multiplies token embeddings by before adding positions.
+
+    Seed 000 measures what it does: it sets the semantic-to-positional weight to sqrt(d) : 1.
+    """
+    return math.sqrt(d)

@@ -1,0 +1,217 @@
+"""From token ids to contextual vectors: the embedder, the encoder stack and the decoder stack.
+
+The embedder does what every stack starts with: look up token vectors, scale them by ``sqrt(d)``
+(seed 000 shows this sets how loud position is next to meaning), add the position, apply dropout.
+The stacks then run their layers in turn.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.errors import AttnlabError
+from attnlab.nn.attention import KVCache
+from attnlab.nn.layers import DecoderLayer, EncoderLayer
+from attnlab.nn.positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions, embedding_scale
+
+PositionKind = Literal["sinusoidal", "learned", "rotary", "none"]
+
+
+def check_token_ids(ids: Tensor, vocab_size: int) -> None:
+    """Raise :class:`AttnlabError` unless ``ids`` is an integer tensor of ids in ``[0, vocab_size)``."""
+    if not isinstance(ids, Tensor) or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        kind = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
+        raise AttnlabError(f"token ids must be an integer tensor (torch.long), got {kind}")
+    if ids.numel() == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise AttnlabError(f"token id {bad} is outside the vocabulary of size {vocab_size} (valid ids: 0..{vocab_size - 1})")
+
+
+class Embedder(nn.Module):
+    """Token ids -> token embedding x scale + position, then dropout.
+
+    Args:
+        vocab_size: rows of the token embedding.
+        d_model: vector width.
+        max_positions: longest sequence accepted (rows of the position table).
+        positions: ``"sinusoidal"`` (paper, seed 000), ``"learned"`` (seed 004, GPT-2), ``"rotary"``
+            (added inside attention, so nothing here) or ``"none"`` (order-blind, for experiments).
+        scale: multiply token vectors by ``sqrt(d_model)`` (the paper) before adding positions.
+        dropout: dropout on the sum.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        *,
+        max_positions: int,
+        positions: PositionKind = "sinusoidal",
+        scale: bool = True,
+        dropout: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.vocab_size, self.max_positions = vocab_size, max_positions
+        self.tokens = nn.Embedding(vocab_size, d_model)
+        self.positions: nn.Module | None
+        if positions == "sinusoidal":
+            self.positions = SinusoidalPositions(max_positions, d_model)
+        elif positions == "learned":
+            self.positions = LearnedPositions(max_positions, d_model)
+        elif positions in ("rotary", "none"):
+            self.positions = None
+        else:
+            raise AttnlabError(f"unknown position kind {positions!r}; use sinusoidal, learned, rotary or none")
+        self.scale = embedding_scale(d_model) if scale else 1.0
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+        """(batch, seq) ids -> (batch, seq, d_model); ``offset`` is the position of the first id."""
+        check_token_ids(ids, self.vocab_size)
+        x = self.tokens(ids) * self.scale
+        if self.positions is not None:  # rotary positions are applied (and checked) inside attention
+            x = x + self.positions(ids.shape[1], offset)
+        return self.dropout(x)
+
+
+def _rotary(positions: PositionKind, d_model: int, num_heads: int, head_dim: int | None, max_positions: int) -> RotaryEmbedding | None:
+    if positions != "rotary":
+        return None
+    return RotaryEmbedding(head_dim or d_model // num_heads, max_positions)
+
+
+class Encoder(nn.Module):
+    """Embedder followed by ``num_layers`` encoder layers (and a final norm when pre-norm).
+
+    With a causal ``attend_mask`` the same stack is a decoder-only (GPT) body.
+    Layer arguments as in :class:`~attnlab.nn.layers.EncoderLayer`.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        num_layers: int,
+        num_heads: int,
+        d_ff: int,
+        *,
+        max_positions: int,
+        dropout: float = 0.1,
+        head_dim: int | None = None,
+        norm_first: bool = False,
+        eps: float = 1e-6,
+        activation: str = "relu",
+        positions: PositionKind = "sinusoidal",
+        scale_embedding: bool = True,
+    ) -> None:
+        super().__init__()
+        self.embed = Embedder(
+            vocab_size, d_model, max_positions=max_positions, positions=positions, scale=scale_embedding, dropout=dropout
+        )
+        rotary = _rotary(positions, d_model, num_heads, head_dim, max_positions)
+        self.layers = nn.ModuleList(
+            EncoderLayer(
+                d_model, num_heads, d_ff, dropout=dropout, head_dim=head_dim, norm_first=norm_first,
+                eps=eps, activation=activation, rotary=rotary,
+            )
+            for _ in range(num_layers)
+        )
+        self.final_norm = nn.LayerNorm(d_model, eps=eps) if norm_first else nn.Identity()
+
+    def forward(
+        self,
+        ids: Tensor,
+        *,
+        attend_mask: Tensor | None = None,
+        need_weights: bool = False,
+        caches: list[KVCache] | None = None,
+    ) -> tuple[Tensor, list[Tensor]]:
+        """(batch, seq) ids -> (batch, seq, d_model) states, plus per-layer self-attention weights.
+
+        ``caches`` (one per layer) turns on incremental decoding: positions continue after the cached ones.
+        The weight list is empty unless ``need_weights``.
+        """
+        offset = 0 if caches is None else len(caches[0])
+        x = self.embed(ids, offset)
+        weights: list[Tensor] = []
+        for i, layer in enumerate(self.layers):
+            cache = None if caches is None else caches[i]
+            x, w = layer(x, attend_mask=attend_mask, need_weights=need_weights, cache=cache)
+            if w is not None:
+                weights.append(w)
+        return self.final_norm(x), weights
+
+
+class Decoder(nn.Module):
+    """Embedder followed by ``num_layers`` decoder layers (and a final norm when pre-norm).
+
+    Layer arguments as in :class:`~attnlab.nn.layers.DecoderLayer`.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        num_layers: int,
+        num_heads: int,
+        d_ff: int,
+        *,
+        max_positions: int,
+        dropout: float = 0.1,
+        head_dim: int | None = None,
+        norm_first: bool = False,
+        eps: float = 1e-6,
+        activation: str = "relu",
+        positions: PositionKind = "sinusoidal",
+        scale_embedding: bool = True,
+    ) -> None:
+        super().__init__()
+        if positions == "rotary":
+            raise AttnlabError("the encoder-decoder decoder supports sinusoidal, learned or no positions")
+        self.embed = Embedder(
+            vocab_size, d_model, max_positions=max_positions, positions=positions, scale=scale_embedding, dropout=dropout
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(
+                d_model, num_heads, d_ff, dropout=dropout, head_dim=head_dim, norm_first=norm_first,
+                eps=eps, activation=activation,
+            )
+            for _ in range(num_layers)
+        )
+        self.final_norm = nn.LayerNorm(d_model, eps=eps) if norm_first else nn.Identity()
+
+    def forward(
+        self,
+        ids: Tensor,
+        memory: Tensor,
+        *,
+        self_attend_mask: Tensor | None = None,
+        memory_attend_mask: Tensor | None = None,
+        need_weights: bool = False,
+        caches: list[tuple[KVCache, KVCache]] | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """(batch, tgt) ids and (batch, src, d_model) memory -> (batch, tgt, d_model).
+
+        Returns the states and, if ``need_weights``, the attention weights under seed 000's names,
+        ``decoder_layer{i}_block1_self_att`` and ``decoder_layer{i}_block2_decenc_att`` (i from 1).
+        ``caches`` holds one (self, memory) pair of caches per layer for incremental decoding.
+        """
+        offset = 0 if caches is None else len(caches[0][0])
+        x = self.embed(ids, offset)
+        weights: dict[str, Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            self_cache, memory_cache = (None, None) if caches is None else caches[i]
+            x, self_w, cross_w = layer(
+                x, memory, self_attend_mask=self_attend_mask, memory_attend_mask=memory_attend_mask,
+                need_weights=need_weights, self_cache=self_cache, memory_cache=memory_cache,
+            )
+            if self_w is not None and cross_w is not None:
+                weights[f"decoder_layer{i + 1}_block1_self_att"] = self_w
+                weights[f"decoder_layer{i + 1}_block2_decenc_att"] = cross_w
+        return self.final_norm(x), weights

@@ -1,0 +1,198 @@
+"""Layers and models: parameter counts from the seeds and the paper, mask behaviour, bad input."""
+
+import pytest
+import torch
+
+from attnlab.errors import AttnlabError
+from attnlab.nn import (
+    DecoderLayer,
+    DecoderLM,
+    Encoder,
+    EncoderClassifier,
+    EncoderLayer,
+    Transformer,
+    padding_mask,
+)
+from attnlab.presets import build_preset
+
+
+def count(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_lab_toy_counts_7131_parameters():
+    assert build_preset("lab-toy").num_parameters() == 7131
+
+
+def test_seed_003_encoder_layer_counts_2233536():
+    assert count(EncoderLayer(512, 8, 2048, head_dim=8)) == 2_233_536
+
+
+def test_seed_003_decoder_layer_differs_from_the_seed_by_one_norm():
+    # Seed 003 prints 2,365,312: its DecoderLayer reuses one AddNormalization for two sub-layers, so
+    # Keras counts two norms. A decoder layer with three norms has 1,024 parameters more.
+    assert count(DecoderLayer(512, 8, 2048, head_dim=8)) == 2_365_312 + 1024
+
+
+def test_paper_base_layers():
+    assert count(EncoderLayer(512, 8, 2048)) == 3_152_384
+    assert count(DecoderLayer(512, 8, 2048)) == 4_204_032
+
+
+def test_paper_base_model_is_about_63_million():
+    assert build_preset("paper-base").num_parameters() == 63_119_496
+
+
+def lab_toy_forward():
+    torch.manual_seed(10)
+    model = build_preset("lab-toy").eval()
+    src = torch.tensor([[2, 1, 4, 3, 0]])
+    tgt = torch.tensor([[3, 2, 1, 0, 0]])
+    return model, src, tgt, model(src, tgt, return_attention=True)
+
+
+def test_lab_toy_forward_shapes_and_names():
+    model, src, tgt, (logits, weights) = lab_toy_forward()
+    assert logits.shape == (1, 5, 35)
+    torch.testing.assert_close(model.probabilities(src, tgt).sum(-1), torch.ones(1, 5))
+    assert list(weights) == [f"decoder_layer{i}_block{b}" for i in range(1, 7) for b in
+                             ("1_self_att", "2_decenc_att")]
+    assert all(w.shape == (1, 4, 5, 5) for w in weights.values())
+
+
+def test_decoder_self_attention_is_exactly_zero_above_the_diagonal_in_every_layer():
+    *_, (_, weights) = lab_toy_forward()
+    for name, w in weights.items():
+        if "self_att" in name:
+            assert float(torch.triu(w, diagonal=1).detach().abs().sum()) == 0.0, name
+
+
+def test_cross_attention_is_exactly_zero_on_padded_source():
+    *_, (_, weights) = lab_toy_forward()
+    for name, w in weights.items():
+        if "decenc" in name:
+            assert float(w[..., -1].detach().abs().sum()) == 0.0, name
+
+
+def test_cross_mask_comes_from_the_source_with_different_lengths():
+    torch.manual_seed(0)
+    model = Transformer(20, 25, 16, 2, 2, 32, dropout=0.0).eval()
+    src = torch.tensor([[5, 6, 7, 0, 0, 0, 0]])  # 7 source positions, 4 of them padding
+    tgt = torch.tensor([[1, 2, 3]])  # 3 target positions, none padding
+    _, weights = model(src, tgt, return_attention=True)
+    cross = weights["decoder_layer2_block2_decenc_att"]
+    assert cross.shape == (1, 2, 3, 7)
+    assert float(cross[..., 3:].detach().abs().sum()) == 0.0
+    # Changing the source's padding ids changes nothing: the mask really hides them.
+    other = src.clone()
+    other[0, 3:] = 9
+    torch.testing.assert_close(model(src, tgt), model(torch.where(src == 0, 0, other), tgt))
+
+
+def test_padded_query_rows_are_finite():
+    torch.manual_seed(0)
+    model = Transformer(20, 20, 16, 2, 2, 32, dropout=0.0).eval()
+    src = torch.tensor([[0, 0, 0], [4, 5, 0]])  # an all-padding source
+    tgt = torch.tensor([[0, 0], [3, 0]])  # a target that starts with padding: its first row hides all keys
+    logits, weights = model(src, tgt, return_attention=True)
+    assert torch.isfinite(logits).all()
+    assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def test_sequence_alone_equals_sequence_padded_in_a_batch():
+    torch.manual_seed(0)
+    model = Transformer(30, 30, 32, 2, 4, 64, dropout=0.0).eval()
+    src, tgt = torch.tensor([[4, 5, 6]]), torch.tensor([[7, 8]])
+    batch_src = torch.tensor([[4, 5, 6, 0, 0], [9, 8, 7, 6, 5]])
+    batch_tgt = torch.tensor([[7, 8, 0, 0], [1, 2, 3, 4]])
+    alone = model(src, tgt)
+    padded = model(batch_src, batch_tgt)[:1, :2]
+    torch.testing.assert_close(alone, padded, atol=1e-5, rtol=0)
+
+    clf = EncoderClassifier(30, 5, 32, 2, 4, 64, dropout=0.0).eval()
+    torch.testing.assert_close(clf(src), clf(batch_src)[:1], atol=1e-5, rtol=0)
+
+
+def test_without_positions_a_permuted_input_gives_the_permuted_output():
+    torch.manual_seed(0)
+    enc = Encoder(30, 16, 2, 2, 32, max_positions=10, dropout=0.0, positions="none").eval()
+    ids = torch.tensor([[3, 7, 9, 4, 11]])
+    perm = torch.tensor([2, 0, 4, 1, 3])
+    out, _ = enc(ids)
+    out_perm, _ = enc(ids[:, perm])
+    torch.testing.assert_close(out_perm, out[:, perm], atol=1e-5, rtol=0)
+    with_pos = Encoder(30, 16, 2, 2, 32, max_positions=10, dropout=0.0).eval()
+    a, _ = with_pos(ids)
+    b, _ = with_pos(ids[:, perm])
+    assert not torch.allclose(b, a[:, perm], atol=1e-3)
+
+
+def test_eval_is_deterministic_and_train_dropout_is_not():
+    model, src, tgt, _ = lab_toy_forward()
+    torch.testing.assert_close(model(src, tgt), model(src, tgt), atol=0, rtol=0)
+    model.train()
+    assert not torch.allclose(model(src, tgt), model(src, tgt))
+
+
+def test_token_id_outside_vocabulary_names_id_and_size():
+    model = build_preset("lab-toy")
+    with pytest.raises(AttnlabError, match="token id 30 is outside the vocabulary of size 30"):
+        model(torch.tensor([[1, 30]]), torch.tensor([[1]]))
+    with pytest.raises(AttnlabError, match="token id -1"):
+        model(torch.tensor([[1, 2]]), torch.tensor([[-1]]))
+    with pytest.raises(AttnlabError, match="integer tensor"):
+        model(torch.tensor([[1.0, 2.0]]), torch.tensor([[1]]))
+
+
+def test_sequence_longer_than_position_table_is_an_error():
+    model = build_preset("lab-toy")
+    with pytest.raises(AttnlabError, match="only 5 rows"):
+        model(torch.tensor([[1, 2, 3, 4, 5, 6]]), torch.tensor([[1]]))
+
+
+def test_wrong_mask_to_a_stack_is_an_error():
+    enc = Encoder(30, 16, 2, 2, 32, max_positions=10)
+    ids = torch.tensor([[1, 2, 0]])
+    with pytest.raises(AttnlabError, match="rank"):
+        enc(ids, attend_mask=padding_mask(ids)[:, 0, 0])
+    with pytest.raises(AttnlabError, match="torch.bool"):
+        enc(ids, attend_mask=padding_mask(ids).float())
+
+
+def test_lm_cache_gives_the_same_logits_as_recomputing():
+    torch.manual_seed(0)
+    for positions in ("learned", "sinusoidal", "rotary"):
+        lm = DecoderLM(50, 32, 2, 4, max_positions=16, positions=positions).eval()
+        ids = torch.randint(0, 50, (2, 9))
+        full = lm(ids)
+        caches = lm.new_caches()
+        steps = [lm(ids[:, :4], caches=caches)] + [lm(ids[:, t : t + 1], caches=caches) for t in range(4, 9)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_lm_is_causal():
+    torch.manual_seed(0)
+    lm = DecoderLM(50, 32, 2, 4, max_positions=16).eval()
+    ids = torch.randint(0, 50, (1, 8))
+    changed = ids.clone()
+    changed[0, 5:] = (changed[0, 5:] + 1) % 50
+    torch.testing.assert_close(lm(ids)[:, :5], lm(changed)[:, :5])
+    assert not torch.allclose(lm(ids)[:, 5:], lm(changed)[:, 5:])
+
+
+def test_transformer_cached_decoding_matches_full_decoding():
+    torch.manual_seed(0)
+    model = Transformer(30, 30, 32, 2, 4, 64, dropout=0.0).eval()
+    src, tgt = torch.tensor([[4, 5, 6, 0]]), torch.tensor([[1, 7, 8, 9]])
+    memory, memory_mask = model.encode(src)
+    full, _ = model.decode(tgt, memory, memory_mask)
+    caches = model.new_caches()
+    steps = [model.decode(tgt[:, t : t + 1], memory, memory_mask, caches=caches)[0] for t in range(4)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_tied_and_shared_embeddings():
+    model = Transformer(40, 40, 16, 1, 2, 32, share_embeddings=True, tie_output=True)
+    assert model.output.weight is model.encoder.embed.tokens.weight
+    with pytest.raises(AttnlabError, match="one vocabulary"):
+        Transformer(40, 41, 16, 1, 2, 32, share_embeddings=True)

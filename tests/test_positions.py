@@ -1,0 +1,86 @@
+"""Positional encodings: every deterministic number of seed 000, and the table-length contract."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab.errors import AttnlabError
+from attnlab.nn import LearnedPositions, RotaryEmbedding, SinusoidalPositions, sinusoidal_angles, sinusoidal_encoding
+
+
+def test_angle_matrix_4_by_8_pairs_columns_and_shrinks_tenfold():
+    angles = sinusoidal_angles(4, 8).numpy()
+    expected = np.array([[p / 10.0**i for i in (0, 0, 1, 1, 2, 2, 3, 3)] for p in range(4)])
+    np.testing.assert_allclose(angles, expected, rtol=1e-12)
+
+
+def test_encoding_50_by_512_first_rows():
+    pe = sinusoidal_encoding(50, 512)
+    assert pe.shape == (50, 512) and pe.dtype == torch.float32
+    np.testing.assert_array_equal(pe[0, :8].numpy(), [0, 1, 0, 1, 0, 1, 0, 1])
+    np.testing.assert_allclose(
+        pe[1, :8].numpy().round(4), [0.8415, 0.5403, 0.8219, 0.5697, 0.802, 0.5974, 0.7819, 0.6234], atol=1e-4
+    )
+
+
+@pytest.mark.parametrize("pos", [0, 34, 99])
+def test_even_d_norm_is_sqrt_half_d(pos):
+    pe = sinusoidal_encoding(100, 100)
+    assert float(pe[pos].norm()) == pytest.approx(math.sqrt(50), abs=1e-5)
+
+
+@pytest.mark.parametrize("d", [3, 101])
+def test_odd_d_norm_follows_the_unpaired_sine_and_varies(d):
+    pe = sinusoidal_encoding(100, d).double()
+    pos = torch.arange(100, dtype=torch.float64)
+    # The last column is an unpaired sine: squared norm = (d - 1) / 2 + sin^2(pos / 10000^((d - 1) / d)).
+    expected = torch.sqrt((d - 1) / 2 + torch.sin(pos / 10000 ** ((d - 1) / d)) ** 2)
+    torch.testing.assert_close(pe.norm(dim=1), expected, atol=1e-6, rtol=0)
+    assert float(expected.max() - expected.min()) > 1e-6
+
+
+def test_odd_d_gap_distance_varies_where_even_d_is_constant():
+    def spread(d):
+        pe = sinusoidal_encoding(200, d, dtype=torch.float64)
+        gaps = torch.stack([(pe[p] - pe[p + 2]).norm() for p in range(0, 190, 10)])
+        return float(gaps.max() - gaps.min())
+
+    assert spread(100) < 1e-13  # even: constant up to float64 rounding
+    assert spread(3) > 1e-7  # odd: the unpaired sine makes it drift, by far more than rounding
+
+
+@pytest.mark.parametrize("pos", [0, 10, 40, 70, 90])
+def test_gap_2_distance_is_position_independent(pos):
+    pe = sinusoidal_encoding(100, 100)
+    assert float((pe[pos] - pe[pos + 2]).norm()) == pytest.approx(3.266878, abs=1e-5)
+
+
+def test_module_slices_table_and_rejects_longer_sequences():
+    module = SinusoidalPositions(10, 6)
+    torch.testing.assert_close(module(4, offset=3), sinusoidal_encoding(10, 6)[3:7])
+    with pytest.raises(AttnlabError, match="position 10 .* only 10 rows"):
+        module(11)
+
+
+def test_learned_positions_table_and_limit():
+    module = LearnedPositions(120, 64)
+    assert module.table.weight.shape == (120, 64)
+    assert module(5).shape == (5, 64)
+    with pytest.raises(AttnlabError, match="120 rows"):
+        module(121)
+
+
+def test_rotary_dot_product_depends_only_on_distance():
+    torch.manual_seed(0)
+    rope = RotaryEmbedding(8, 64)
+    q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+
+    def score(qpos, kpos):
+        return float((rope(q, qpos) * rope(k, kpos)).sum())
+
+    assert score(5, 2) == pytest.approx(score(30, 27), abs=1e-5)
+    assert score(5, 2) != pytest.approx(score(5, 4), abs=1e-3)
+    with pytest.raises(AttnlabError, match="rotary table"):
+        rope(torch.randn(1, 1, 65, 8))
