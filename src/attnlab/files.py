@@ -1,0 +1,103 @@
+"""Writing files so that a crash never leaves a half-written one behind.
+
+Everything is written under a temporary name in the same folder and then renamed into place;
+``os.replace`` is atomic on POSIX, so a reader sees the old file or the new one, never a mixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from attnlab.errors import AttnlabError
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it is renamed to ``path``, on error removed."""
+    path = Path(path)
+    ensure_writable_dir(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp_path, path)
+        _fsync_dir(path.parent)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary folder beside ``path``; on success it replaces ``path`` whole.
+
+    A folder cannot be swapped in one atomic step when the old one exists, so the old one is first
+    renamed aside (``path.old``) and removed after the new one is in place. :func:`recover_dir` undoes
+    an interruption between the two renames.
+    """
+    path = Path(path)
+    ensure_writable_dir(path.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        _fsync_dir(tmp)
+        old = path.with_name(path.name + ".old")
+        if old.exists():
+            shutil.rmtree(old)
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def recover_dir(path: str | Path) -> None:
+    """If a crash struck between the two renames of :func:`atomic_dir`, put the old folder back."""
+    path = Path(path)
+    old = path.with_name(path.name + ".old")
+    if not path.exists() and old.exists():
+        os.replace(old, path)
+
+
+def ensure_writable_dir(path: str | Path) -> Path:
+    """Create ``path`` if needed and check that files can be written in it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise AttnlabError(f"{path} exists and is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise AttnlabError(f"cannot create folder {path}: {err.strerror}") from err
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise AttnlabError(f"folder {path} is not writable")
+    return path

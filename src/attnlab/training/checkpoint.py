@@ -1,0 +1,158 @@
+"""Run folders and checkpoints: safetensors weights, JSON config, never a pickle.
+
+A run folder holds::
+
+    RUN/config.json          task name, model class and its keyword arguments, task settings
+    RUN/tokenizer.json       the tokenizer (written by the task)
+    RUN/model.safetensors    the best weights so far (what eval, predict and generate load)
+    RUN/checkpoint/          the latest training state, for --resume:
+        model.safetensors, optimizer.safetensors (AdamW moments, RNG state), trainer.json (step, ...)
+    RUN/metrics.jsonl        one JSON object per logged step or evaluation
+    RUN/loss.png             the loss curve, drawn at the end
+
+Every file and the checkpoint folder are written under a temporary name and renamed into place
+(:mod:`attnlab.files`), so a run killed at any moment leaves the previous good checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, load_model, save_file, save_model
+from torch import nn
+
+from attnlab.errors import AttnlabError
+from attnlab.files import atomic_dir, atomic_path, recover_dir, write_json_atomic
+from attnlab.nn.models import DecoderLM, EncoderClassifier, Transformer
+
+MODEL_CLASSES: dict[str, type[nn.Module]] = {
+    "Transformer": Transformer,
+    "EncoderClassifier": EncoderClassifier,
+    "DecoderLM": DecoderLM,
+}
+
+CONFIG, WEIGHTS, CHECKPOINT = "config.json", "model.safetensors", "checkpoint"
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside a DistributedDataParallel (or compiled) wrapper."""
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model)
+
+
+def save_weights(model: nn.Module, path: str | Path) -> None:
+    """Write the model's weights as safetensors, atomically. Tied weights are stored once."""
+    with atomic_path(path) as tmp:
+        save_model(unwrap(model), str(tmp))
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """Load safetensors weights into ``model``; a missing or corrupt file is an :class:`AttnlabError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise AttnlabError(f"no weights file {path}")
+    try:
+        missing, unexpected = load_model(unwrap(model), str(path), strict=False)
+    except (SafetensorError, OSError, RuntimeError, ValueError) as err:
+        raise AttnlabError(f"{path} is not a readable safetensors file for this model ({str(err).splitlines()[0]})") from err
+    if missing or unexpected:
+        raise AttnlabError(f"{path} does not match the model: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+
+
+def model_config(model: nn.Module) -> dict[str, Any]:
+    """``{"class": ..., "kwargs": ...}`` for a core model, enough to rebuild it."""
+    inner = unwrap(model)
+    name = type(inner).__name__
+    if name not in MODEL_CLASSES:
+        raise AttnlabError(f"cannot save a model of class {name}")
+    return {"class": name, "kwargs": dict(inner.config)}
+
+
+def build_model(spec: dict[str, Any]) -> nn.Module:
+    """Rebuild a model from :func:`model_config`'s output."""
+    try:
+        return MODEL_CLASSES[spec["class"]](**spec["kwargs"])
+    except (KeyError, TypeError) as err:
+        raise AttnlabError(f"model description in the config is not usable: {err}") from err
+
+
+def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> None:
+    """Write ``RUN/config.json`` (must hold ``task`` and ``model``)."""
+    write_json_atomic(Path(run_dir) / CONFIG, config)
+
+
+def read_run_config(run_dir: str | Path, task: str | None = None) -> dict[str, Any]:
+    """Read ``RUN/config.json``; check that the folder is a run of ``task`` when given."""
+    run_dir = Path(run_dir)
+    path = run_dir / CONFIG
+    if not run_dir.is_dir():
+        raise AttnlabError(f"{run_dir} is not a folder")
+    if not path.is_file():
+        raise AttnlabError(f"{run_dir} is not an attnlab run folder (no {CONFIG})")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise AttnlabError(f"{path} is not valid JSON: {err}") from err
+    if not isinstance(config, dict) or "task" not in config or "model" not in config:
+        raise AttnlabError(f"{path} is not an attnlab run config (no 'task' or 'model')")
+    if task is not None and config["task"] != task:
+        raise AttnlabError(f"{run_dir} is a '{config['task']}' run, not a '{task}' run")
+    return config
+
+
+def load_run(run_dir: str | Path, task: str | None = None) -> tuple[nn.Module, dict[str, Any]]:
+    """The trained model of a run folder (best weights, eval mode) and its config."""
+    config = read_run_config(run_dir, task)
+    model = build_model(config["model"])
+    load_weights(model, Path(run_dir) / WEIGHTS)
+    return model.eval(), config
+
+
+def save_checkpoint(
+    run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any]
+) -> None:
+    """Write ``RUN/checkpoint/`` whole: weights, optimizer moments, RNG state and the trainer's counters."""
+    tensors: dict[str, torch.Tensor] = {"rng.torch": torch.get_rng_state()}
+    state = optimizer.state_dict()
+    for index, per_param in state["state"].items():
+        for key, value in per_param.items():
+            tensors[f"state.{index}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
+    with atomic_dir(Path(run_dir) / CHECKPOINT) as tmp:
+        save_model(unwrap(model), str(tmp / WEIGHTS))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "optimizer.safetensors"))
+        (tmp / "trainer.json").write_text(
+            json.dumps({"trainer": trainer_state, "param_groups": state["param_groups"]}, indent=2), encoding="utf-8"
+        )
+
+
+def has_checkpoint(run_dir: str | Path) -> bool:
+    """Whether ``RUN/checkpoint/`` exists (after repairing an interrupted replacement)."""
+    recover_dir(Path(run_dir) / CHECKPOINT)
+    return (Path(run_dir) / CHECKPOINT / "trainer.json").is_file()
+
+
+def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Restore weights, optimizer and RNG from ``RUN/checkpoint/``; return the trainer's counters."""
+    folder = Path(run_dir) / CHECKPOINT
+    if not has_checkpoint(run_dir):
+        raise AttnlabError(f"nothing to resume: {folder} holds no checkpoint")
+    load_weights(model, folder / WEIGHTS)
+    try:
+        tensors = load_file(str(folder / "optimizer.safetensors"))
+        meta = json.loads((folder / "trainer.json").read_text(encoding="utf-8"))
+    except (SafetensorError, OSError, json.JSONDecodeError) as err:
+        raise AttnlabError(f"checkpoint in {folder} is damaged: {err}") from err
+    torch.set_rng_state(tensors.pop("rng.torch"))
+    per_param: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        _, index, key = name.split(".", 2)
+        per_param.setdefault(int(index), {})[key] = value
+    try:
+        optimizer.load_state_dict({"state": per_param, "param_groups": meta["param_groups"]})
+    except (ValueError, KeyError) as err:
+        raise AttnlabError(f"checkpoint in {folder} does not fit this optimizer: {err}") from err
+    return meta["trainer"]

@@ -1,0 +1,82 @@
+"""Data-parallel training with ``torchrun``: process group set-up and the few collectives the engine uses.
+
+``torchrun --nproc_per_node N -m attnlab.cli.main train ...`` starts N copies of the same command with
+``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set. :func:`setup` sees them, joins the process group (gloo on
+the CPU, nccl on GPUs) and returns this process's place in it; a plain run is rank 0 of a world of 1
+and never touches ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where this process stands: its rank, the world size and its device."""
+
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 logs, evaluates and writes checkpoints; the others only train."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+
+def setup(device: str = "auto") -> Place:
+    """Join the process group when launched by torchrun; choose the device."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
+    dev = torch.device(f"cuda:{local}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", rank=rank, world_size=world)
+    return Place(rank, world, dev)
+
+
+def teardown(place: Place) -> None:
+    """Leave the process group (a no-op for a single process)."""
+    if place.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_sum(value: float, place: Place) -> float:
+    """Sum a number over all processes."""
+    if not place.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=place.device)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def broadcast_flag(flag: bool, place: Place) -> bool:
+    """Rank 0's decision (stop, say), made known to every process."""
+    if not place.distributed:
+        return flag
+    t = torch.tensor([int(flag)], device=place.device)
+    dist.broadcast(t, src=0)
+    return bool(t.item())
+
+
+def barrier(place: Place) -> None:
+    """Wait for every process (rank 0 writing a checkpoint, say)."""
+    if place.distributed:
+        dist.barrier()
+
+
+def shard(items: list, place: Place) -> list:
+    """This process's share of one global batch: every ``world``-th item from ``rank``."""
+    return items[place.rank :: place.world]

@@ -1,0 +1,381 @@
+"""The training engine every task shares.
+
+A task (classification, language modelling, translation) supplies its batches, its loss and its
+evaluation through the small :class:`Task` protocol; :class:`Trainer` does the rest, the same way for
+all of them: AdamW, a step-indexed learning-rate schedule, gradient clipping and accumulation, optional
+bfloat16 autocast, evaluation every N steps with the best weights kept, early stopping, atomic
+safetensors checkpoints with exact resume, DDP under torchrun, a progress bar, JSON-lines metrics and a
+loss-curve PNG.
+
+**Exact resume.** Batches are a deterministic function of (seed, epoch); the learning rate a function
+of the step; dropout draws from torch's global RNG, whose state is saved in every checkpoint. A run
+killed at any moment and resumed from its last checkpoint therefore repeats the same steps and ends
+with the same weights as a run that was never interrupted.
+
+**Loss normalisation.** A task's loss returns a *sum* and each batch says how many terms it sums
+(examples, or target tokens). The engine divides by the count over the whole global batch (all
+micro-batches, all processes), so accumulation and DDP give the gradient of one big batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from attnlab.errors import AttnlabError
+from attnlab.training import distributed
+from attnlab.training.checkpoint import (
+    WEIGHTS,
+    has_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    save_weights,
+)
+from attnlab.training.schedules import Schedule
+
+
+class TrainingError(AttnlabError):
+    """Training cannot go on (a NaN loss, say); the message says what was kept."""
+
+
+@dataclass
+class Batch:
+    """One micro-batch: whatever the task's loss needs, and how much it holds.
+
+    Attributes:
+        data: tensors (or a dict/tuple of them) handed to :meth:`Task.loss`; moved to the device.
+        count: number of terms the loss sums over (examples, or real target tokens).
+        tokens: number of input tokens, for tokens-per-second.
+    """
+
+    data: Any
+    count: int
+    tokens: int
+
+
+class Task(Protocol):
+    """What a task gives the engine."""
+
+    def batches(self, epoch: int, place: distributed.Place) -> Iterable[Batch]:
+        """This process's micro-batches of one epoch, in order, the same for the same epoch every time.
+
+        Under DDP every process must yield the same number of batches.
+        """
+        ...
+
+    def loss(self, model: nn.Module, data: Any) -> Tensor:
+        """Summed loss over the batch (a 0-d tensor); the engine divides by the global count."""
+        ...
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Validation metrics; must include ``"score"`` (higher is better) for model selection."""
+        ...
+
+
+@dataclass
+class TrainConfig:
+    """Settings of the optimisation, independent of the task."""
+
+    max_steps: int = 1000
+    lr: float = 1e-3
+    min_lr: float = 0.0
+    warmup_steps: int = 0
+    schedule: str = "cosine"
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    grad_accum: int = 1
+    eval_every: int = 0
+    patience: int = 0
+    checkpoint_every: int = 0
+    log_every: int = 10
+    bf16: bool = False
+    compile: bool = False
+    seed: int = 0
+    max_seconds: float = 0.0
+    device: str = "auto"
+    progress: bool = True
+
+    def validate(self) -> None:
+        if self.max_steps < 1:
+            raise AttnlabError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.grad_accum < 1:
+            raise AttnlabError(f"grad_accum must be >= 1, got {self.grad_accum}")
+        if not self.lr > 0:
+            raise AttnlabError(f"learning rate must be > 0, got {self.lr}")
+        Schedule(self.schedule)  # raises on an unknown kind
+
+
+@dataclass
+class TrainResult:
+    """What a finished run reports."""
+
+    steps: int
+    elapsed: float
+    tokens_per_second: float
+    best: dict[str, float] = field(default_factory=dict)
+    final_loss: float = math.nan
+    stopped_early: bool = False
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch (model initialisation, dropout) so that runs repeat exactly."""
+    torch.manual_seed(seed)
+
+
+def to_device(data: Any, device: torch.device) -> Any:
+    """Move every tensor inside ``data`` (nested dicts, lists, tuples) to ``device``."""
+    if torch.is_tensor(data):
+        return data.to(device, non_blocking=True)
+    if isinstance(data, dict):
+        return {k: to_device(v, device) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return type(data)(to_device(v, device) for v in data)
+    return data
+
+
+def _decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: weight decay on matrices only, not on biases, norms or position tables' gains."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class Trainer:
+    """Trains ``model`` on ``task`` into the run folder ``out``.
+
+    Args:
+        model: the freshly built (or resumed) model.
+        task: batches, loss and evaluation.
+        config: optimisation settings.
+        out: the run folder; the caller writes its ``config.json`` and tokenizer first.
+    """
+
+    def __init__(self, model: nn.Module, task: Task, config: TrainConfig, out: str | Path) -> None:
+        config.validate()
+        self.config, self.task, self.out = config, task, Path(out)
+        self.place = distributed.setup(config.device)
+        self.model = model.to(self.place.device)
+        self.optimizer = torch.optim.AdamW(
+            _decay_groups(self.model, config.weight_decay), lr=config.lr, betas=config.betas,
+            fused=False, foreach=True,
+        )
+        self.schedule = Schedule(config.schedule, config.lr, config.warmup_steps, config.max_steps, config.min_lr)
+        self.net: nn.Module = self.model
+        if self.place.distributed:
+            self.net = DistributedDataParallel(self.model)
+        if config.compile:
+            self.net = torch.compile(self.net)
+        self.state: dict[str, Any] = {
+            "step": 0, "epoch": 0, "batch_in_epoch": 0, "best_score": -math.inf, "best": {},
+            "evals_without_improvement": 0, "tokens": 0, "elapsed": 0.0, "last_loss": math.nan,
+        }
+        self.checkpoint_step: int | None = None
+
+    # ----------------------------------------------------------------------------------------------
+    # bookkeeping
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.out / "metrics.jsonl"
+
+    def _log(self, record: dict[str, Any]) -> None:
+        if self.place.is_main:
+            with open(self.metrics_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def _trim_metrics(self, step: int) -> None:
+        """On resume, forget what was logged after the checkpoint: those steps will be run again."""
+        if not self.place.is_main or not self.metrics_path.exists():
+            return
+        lines = self.metrics_path.read_text(encoding="utf-8").splitlines()
+        kept = []
+        for line in lines:
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    kept.append(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill
+        self.metrics_path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
+
+    def _checkpoint(self) -> None:
+        if self.place.is_main:
+            save_checkpoint(self.out, self.model, self.optimizer, self.state)
+        self.checkpoint_step = self.state["step"]
+        distributed.barrier(self.place)
+
+    def resume(self) -> None:
+        """Continue from ``out/checkpoint`` (weights, optimizer, RNG, counters)."""
+        if not has_checkpoint(self.out):
+            raise AttnlabError(f"nothing to resume in {self.out}: no checkpoint/ folder")
+        self.state.update(load_checkpoint(self.out, self.model, self.optimizer))
+        self.checkpoint_step = self.state["step"]
+        self._trim_metrics(self.state["step"])
+
+    # ----------------------------------------------------------------------------------------------
+    # the loop
+
+    def _micro_batches(self) -> Iterator[Batch]:
+        """Micro-batches from the saved position on, epoch after epoch."""
+        while True:
+            epoch, skip = self.state["epoch"], self.state["batch_in_epoch"]
+            produced = False
+            for i, batch in enumerate(self.task.batches(epoch, self.place)):
+                produced = True
+                if i < skip:
+                    continue
+                self.state["batch_in_epoch"] = i + 1
+                yield batch
+            if not produced:
+                raise AttnlabError("the training data produced no batches")
+            self.state["epoch"], self.state["batch_in_epoch"] = epoch + 1, 0
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if not self.config.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(self.place.device.type, dtype=torch.bfloat16)
+
+    def _accumulate(self, micro: list[Batch]) -> tuple[float, int]:
+        """Forward and backward over ``micro``, leaving the global-batch mean gradient in ``.grad``.
+
+        Returns the mean loss per term over the global batch and the tokens it held.
+        """
+        local_count = sum(b.count for b in micro)
+        global_count = distributed.all_sum(float(local_count), self.place)
+        if global_count <= 0:
+            raise AttnlabError("a training batch holds no loss terms (all padding?)")
+        # DDP averages gradients over processes, so scale by world / global count to get the big-batch mean.
+        scale = self.place.world / global_count
+        total = 0.0
+        self.net.train()
+        for i, batch in enumerate(micro):
+            sync = i == len(micro) - 1
+            ctx = self.net.no_sync() if self.place.distributed and not sync else contextlib.nullcontext()
+            with ctx:
+                with self._autocast():
+                    loss_sum = self.task.loss(self.net, to_device(batch.data, self.place.device))
+                (loss_sum.float() * scale).backward()
+            total += float(loss_sum.detach())
+        tokens = int(distributed.all_sum(float(sum(b.tokens for b in micro)), self.place))
+        return distributed.all_sum(total, self.place) / global_count, tokens
+
+    def _step(self, micro: list[Batch]) -> tuple[float, int]:
+        """One optimizer step over ``micro``; returns the mean loss per term and the tokens seen."""
+        mean_loss, tokens = self._accumulate(micro)
+        if not math.isfinite(mean_loss):
+            self.optimizer.zero_grad(set_to_none=True)
+            kept = (f"the last good checkpoint (step {self.checkpoint_step}) is in {self.out / 'checkpoint'}"
+                    if self.checkpoint_step is not None else "no checkpoint had been written yet")
+            raise TrainingError(f"loss became {mean_loss} at step {self.state['step'] + 1}; training stopped, {kept}")
+        if self.config.grad_clip > 0:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        lr = self.schedule(self.state["step"])
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return mean_loss, tokens
+
+    def _evaluate(self) -> bool:
+        """Evaluate on rank 0, keep the best weights, and decide whether to stop early."""
+        stop = False
+        if self.place.is_main:
+            self.model.eval()
+            with torch.no_grad(), self._autocast():
+                metrics = {k: float(v) for k, v in self.task.evaluate(self.model).items()}
+            if "score" not in metrics:
+                raise AttnlabError("the task's evaluate() must return a 'score'")
+            improved = metrics["score"] > self.state["best_score"]
+            if improved:
+                self.state.update(best_score=metrics["score"], best={**metrics, "step": self.state["step"]},
+                                  evals_without_improvement=0)
+                save_weights(self.model, self.out / WEIGHTS)
+            else:
+                self.state["evals_without_improvement"] += 1
+            self._log({"step": self.state["step"], "eval": metrics, "best": improved})
+            patience = self.config.patience
+            stop = bool(patience and self.state["evals_without_improvement"] >= patience)
+        return distributed.broadcast_flag(stop, self.place)
+
+    def fit(self, resume: bool = False) -> TrainResult:
+        """Train until ``max_steps``, the time budget or early stopping; return the summary."""
+        cfg = self.config
+        if resume:
+            self.resume()
+        elif self.place.is_main:
+            self.metrics_path.unlink(missing_ok=True)
+        bar = None
+        if self.place.is_main and cfg.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=cfg.max_steps, initial=self.state["step"], unit="step", dynamic_ncols=True)
+        batches = self._micro_batches()
+        stopped_early = False
+        started = time.perf_counter() - self.state["elapsed"]
+        window_start, window_tokens = time.perf_counter(), 0
+        try:
+            while self.state["step"] < cfg.max_steps:
+                micro = [next(batches) for _ in range(cfg.grad_accum)]
+                loss, tokens = self._step(micro)
+                self.state["step"] += 1
+                self.state["tokens"] += tokens
+                self.state["last_loss"] = loss
+                self.state["elapsed"] = time.perf_counter() - started
+                window_tokens += tokens
+                step = self.state["step"]
+                if step % cfg.log_every == 0 or step == cfg.max_steps:
+                    now = time.perf_counter()
+                    rate = window_tokens / max(now - window_start, 1e-9)
+                    window_start, window_tokens = now, 0
+                    lr = self.schedule(step - 1)
+                    self._log({"step": step, "loss": loss, "lr": lr, "tokens_per_second": rate,
+                               "elapsed": self.state["elapsed"]})
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{rate:,.0f}")
+                if bar is not None:
+                    bar.update(1)
+                out_of_time = bool(cfg.max_seconds and self.state["elapsed"] >= cfg.max_seconds)
+                out_of_time = distributed.broadcast_flag(out_of_time, self.place)
+                last = step == cfg.max_steps or out_of_time
+                evaluated = False
+                if (cfg.eval_every and step % cfg.eval_every == 0) or last:
+                    stopped_early = self._evaluate() and not last
+                    evaluated = True
+                if evaluated or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or stopped_early:
+                    self._checkpoint()
+                if last or stopped_early:
+                    break
+        finally:
+            if bar is not None:
+                bar.close()
+        if self.place.is_main:
+            from attnlab.training.plots import plot_loss_curve
+
+            plot_loss_curve(self.metrics_path, self.out / "loss.png")
+        distributed.barrier(self.place)
+        elapsed = self.state["elapsed"]
+        return TrainResult(
+            steps=self.state["step"], elapsed=elapsed, tokens_per_second=self.state["tokens"] / max(elapsed, 1e-9),
+            best=dict(self.state["best"]), final_loss=self.state["last_loss"], stopped_early=stopped_early,
+        )
+
+    def close(self) -> None:
+        """Leave the process group."""
+        distributed.teardown(self.place)
+
+
+def config_dict(config: TrainConfig) -> dict[str, Any]:
+    """The settings as plain JSON types, for the run's config.json."""
+    return asdict(config)

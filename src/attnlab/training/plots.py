@@ -1,0 +1,45 @@
+"""The loss curve of a run, drawn from its metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from attnlab.files import atomic_path
+
+
+def plot_loss_curve(metrics_path: str | Path, out_png: str | Path) -> None:
+    """Training loss per logged step and, where present, validation loss (or score) per evaluation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics_path = Path(metrics_path)
+    if not metrics_path.exists():
+        return
+    train, valid = [], []
+    valid_name = "validation"
+    for line in metrics_path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "loss" in record:
+            train.append((record["step"], record["loss"]))
+        if "eval" in record:
+            ev = record["eval"]
+            valid.append((record["step"], ev["loss"] if "loss" in ev else ev.get("score")))
+            valid_name = "validation loss" if "loss" in ev else "validation score"
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot(*zip(*train), label="training loss", color="#4682B4")
+    if valid:
+        ax.plot(*zip(*valid), "o-", label=valid_name, color="#C0504D")
+    ax.set_xlabel("step")
+    ax.grid(linestyle="--", alpha=0.4)
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)

@@ -1,0 +1,154 @@
+"""The shared training engine: exact resume, accumulation, DDP equivalence, NaN handling, schedules."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.errors import AttnlabError
+from attnlab.training import Schedule, TrainConfig, Trainer, TrainingError, seed_everything
+from attnlab.training.checkpoint import load_checkpoint, load_weights, save_checkpoint
+from toy_task import ToyTask
+
+HERE = Path(__file__).parent
+
+
+def train(out, steps=12, resume=False, fail_at_batch=-1, dropout=0.1, batch_size=8, **cfg):
+    seed_everything(0)
+    task = ToyTask(batch_size=batch_size, fail_at_batch=fail_at_batch)
+    model = task.model(dropout)
+    config = TrainConfig(max_steps=steps, lr=3e-3, warmup_steps=3, eval_every=4, progress=False, **cfg)
+    trainer = Trainer(model, task, config, out)
+    return trainer.fit(resume=resume), model
+
+
+def test_interrupted_run_resumes_to_identical_weights(tmp_path):
+    _, straight = train(tmp_path / "a")
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path / "b", fail_at_batch=11)  # dies during step 11, after the step-8 checkpoint
+    assert json.loads((tmp_path / "b/checkpoint/trainer.json").read_text())["trainer"]["step"] == 8
+    result, resumed = train(tmp_path / "b", resume=True)
+    assert result.steps == 12
+    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), name
+    steps_logged = [json.loads(x)["step"] for x in (tmp_path / "b/metrics.jsonl").read_text().splitlines()]
+    assert steps_logged == sorted(steps_logged)  # no duplicate steps from before the crash
+    assert (tmp_path / "b/loss.png").stat().st_size > 1000
+
+
+def test_gradient_accumulation_gives_the_gradient_of_one_big_batch(tmp_path):
+    def gradients(batch_size, accum):
+        seed_everything(0)
+        task = ToyTask(batch_size=batch_size)
+        trainer = Trainer(task.model(0.0), task, TrainConfig(progress=False), tmp_path)
+        batches = trainer._micro_batches()
+        loss, tokens = trainer._accumulate([next(batches) for _ in range(accum)])
+        return loss, tokens, [p.grad.clone() for p in trainer.model.parameters()]
+
+    loss_big, tokens_big, big = gradients(8, 1)
+    loss_acc, tokens_acc, accumulated = gradients(4, 2)
+    assert loss_big == pytest.approx(loss_acc, rel=1e-6) and tokens_big == tokens_acc == 80
+    for a, b in zip(big, accumulated):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
+
+
+def test_two_process_ddp_matches_one_process(tmp_path):
+    script = tmp_path / "ddp_train.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {str(HERE)!r})
+        from toy_task import ToyTask
+        from attnlab.training import TrainConfig, Trainer, seed_everything
+        seed_everything(0)
+        task = ToyTask(batch_size=8)
+        model = task.model(dropout=0.0)
+        trainer = Trainer(model, task, TrainConfig(max_steps=6, lr=3e-3, eval_every=3, progress=False,
+                                                   device="cpu"), sys.argv[1])
+        trainer.fit()
+        trainer.close()
+    """))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29731",
+                    str(script), str(tmp_path / "ddp")], check=True, env=env, capture_output=True, timeout=240)
+    subprocess.run([sys.executable, str(script), str(tmp_path / "single")], check=True, env=env, timeout=240,
+                   capture_output=True)
+    task = ToyTask()
+    ddp, single = task.model(0.0), task.model(0.0)
+    load_weights(ddp, tmp_path / "ddp/checkpoint/model.safetensors")
+    load_weights(single, tmp_path / "single/checkpoint/model.safetensors")
+    for (name, a), (_, b) in zip(ddp.state_dict().items(), single.state_dict().items()):
+        # Adam divides by sqrt(v): rounding differences in near-zero gradients grow, hence 1e-4, far below a
+        # wrong shard or normalisation, which moves weights by the learning rate (3e-3) per step.
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3, msg=name)
+    assert not torch.equal(ddp.out.weight, task.model(0.0).out.weight)  # it did train
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    class Exploding(ToyTask):
+        def loss(self, model, data):
+            loss = super().loss(model, data)
+            return loss * math.nan if self.calls >= 6 else loss
+
+    seed_everything(0)
+    task = Exploding()
+    trainer = Trainer(task.model(), task, TrainConfig(max_steps=10, eval_every=4, progress=False), tmp_path)
+    with pytest.raises(TrainingError, match=r"loss became nan at step 6.*step 4"):
+        trainer.fit()
+    assert json.loads((tmp_path / "checkpoint/trainer.json").read_text())["trainer"]["step"] == 4
+
+
+def test_early_stopping_and_best_weights(tmp_path):
+    class Plateau(ToyTask):
+        def evaluate(self, model):
+            return {"score": 1.0}  # never improves after the first evaluation
+
+    seed_everything(0)
+    task = Plateau()
+    trainer = Trainer(task.model(), task, TrainConfig(max_steps=50, eval_every=2, patience=2, progress=False), tmp_path)
+    result = trainer.fit()
+    assert result.stopped_early and result.steps == 6 and result.best["step"] == 2
+    assert (tmp_path / "model.safetensors").is_file()
+
+
+def test_schedules():
+    cosine = Schedule("cosine", lr=1.0, warmup_steps=10, total_steps=110, min_lr=0.1)
+    assert cosine(0) == pytest.approx(0.1) and cosine(9) == pytest.approx(1.0)
+    assert cosine(59) == pytest.approx(0.55) and cosine(109) == pytest.approx(0.1)
+    inv = Schedule("inverse_sqrt", lr=1.0, warmup_steps=100)
+    assert inv(99) == pytest.approx(1.0) and inv(399) == pytest.approx(0.5)
+    with pytest.raises(AttnlabError, match="unknown schedule"):
+        Schedule("linear")
+
+
+def test_corrupt_weights_and_missing_checkpoint_are_clear_errors(tmp_path):
+    model = ToyTask().model()
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes(b"this is not a safetensors file")
+    with pytest.raises(AttnlabError, match="not a readable safetensors"):
+        load_weights(model, bad)
+    with pytest.raises(AttnlabError, match="no checkpoint"):
+        load_checkpoint(tmp_path, model, torch.optim.AdamW(model.parameters()))
+
+
+def test_checkpoint_round_trip_restores_optimizer_and_rng(tmp_path):
+    model = ToyTask().model()
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randint(0, 20, (2, 5))).sum().backward()
+    opt.step()
+    torch.manual_seed(123)
+    save_checkpoint(tmp_path, model, opt, {"step": 1})
+    expected = torch.rand(3)
+    other = ToyTask().model()
+    other_opt = torch.optim.AdamW(other.parameters())
+    assert load_checkpoint(tmp_path, other, other_opt)["step"] == 1
+    assert torch.equal(torch.rand(3), expected)
+    saved, loaded = opt.state_dict()["state"], other_opt.state_dict()["state"]
+    assert saved.keys() == loaded.keys()
+    for index in saved:
+        assert torch.equal(saved[index]["exp_avg_sq"], loaded[index]["exp_avg_sq"])
