@@ -1,0 +1,203 @@
+"""Tokenizers: word-level (seed 004's ``Vocab``), character-level (nanoGPT), and subword BPE.
+
+All three share one small interface: ``encode(text) -> list[int]``, ``decode(ids) -> str``,
+``vocab_size``, ``pad_id`` (always 0), ``save(path)`` and :func:`load_tokenizer`. The subword tokenizer
+is Hugging Face ``tokenizers`` (trained on the training texts only); the word and character vocabularies
+are small enough to be plain JSON.
+
+Special ids are fixed so that every model can rely on them: ``<pad>`` = 0 (masked everywhere),
+``<unk>`` = 1, and for BPE ``<bos>`` = 2 and ``<eos>`` = 3.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
+
+from attnlab.errors import AttnlabError
+from attnlab.files import write_text_atomic
+
+PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+# Words (letters/digits, with inner apostrophes) and single punctuation marks, lower-cased: seed 004's rule.
+_WORD_RE = re.compile(r"[a-z0-9]+(?:'[a-z0-9]+)*|[^\sa-z0-9]")
+
+
+class Tokenizer(Protocol):
+    """What every tokenizer offers."""
+
+    kind: str
+    pad_id: int
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+    def save(self, path: str | Path) -> None: ...
+
+
+def word_tokens(text: str) -> list[str]:
+    """Lower-case words and punctuation marks of ``text``."""
+    return _WORD_RE.findall(text.lower())
+
+
+class WordTokenizer:
+    """A word vocabulary counted on training texts; id 0 pads, id 1 stands for unknown words.
+
+    Args:
+        itos: the words in id order, specials first.
+    """
+
+    kind = "word"
+    pad_id = PAD_ID
+
+    def __init__(self, itos: list[str]) -> None:
+        self.itos = itos
+        self.stoi = {w: i for i, w in enumerate(itos)}
+
+    @classmethod
+    def train(cls, texts: Iterable[str], min_freq: int = 1, max_size: int | None = None) -> WordTokenizer:
+        """Count words; keep those seen ``min_freq`` times, most frequent first (ties: first seen)."""
+        counts = Counter(w for text in texts for w in word_tokens(text))
+        words = [w for w, c in counts.most_common(max_size) if c >= min_freq]
+        return cls([PAD, UNK, *words])
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.itos)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.stoi.get(w, UNK_ID) for w in word_tokens(text)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return " ".join(self.itos[i] for i in ids if i != PAD_ID)
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "itos": self.itos}
+
+    def save(self, path: str | Path) -> None:
+        write_text_atomic(path, json.dumps(self.to_json(), ensure_ascii=False))
+
+
+class CharTokenizer:
+    """One id per character seen in the training text (nanoGPT's character-level Shakespeare).
+
+    Id 0 is reserved for padding; characters get ids from 1 in sorted order. A character the
+    vocabulary has never seen is an error that names it: a character model cannot represent it.
+    """
+
+    kind = "char"
+    pad_id = PAD_ID
+
+    def __init__(self, chars: list[str]) -> None:
+        self.chars = chars
+        self.stoi = {c: i + 1 for i, c in enumerate(chars)}
+
+    @classmethod
+    def train(cls, text: str) -> CharTokenizer:
+        return cls(sorted(set(text)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars) + 1
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self.stoi[c] for c in text]
+        except KeyError as err:
+            raise AttnlabError(
+                f"character {err.args[0]!r} is not in this model's vocabulary of {len(self.chars)} characters"
+            ) from None
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self.chars[i - 1] for i in ids if 0 < i <= len(self.chars))
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "chars": self.chars}
+
+    def save(self, path: str | Path) -> None:
+        write_text_atomic(path, json.dumps(self.to_json(), ensure_ascii=False))
+
+
+class BPETokenizer:
+    """Byte-pair-encoding subwords from Hugging Face ``tokenizers``.
+
+    Text is split on whitespace with the SentencePiece-style ``Metaspace`` marker, so decoding puts the
+    spaces back exactly (what sacreBLEU's detokenized scoring needs). Cased; NFKC-normalised.
+    """
+
+    kind = "bpe"
+    pad_id = PAD_ID
+
+    def __init__(self, tokenizer) -> None:  # a tokenizers.Tokenizer
+        self.hf = tokenizer
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2) -> BPETokenizer:
+        from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE(unk_token=UNK))
+        tok.normalizer = normalizers.NFKC()
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[PAD, UNK, BOS, EOS],
+            show_progress=False,
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+        return cls(tok)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size()
+
+    @property
+    def bos_id(self) -> int:
+        return BOS_ID
+
+    @property
+    def eos_id(self) -> int:
+        return EOS_ID
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Many texts at once (the Rust side runs them in parallel)."""
+        return [e.ids for e in self.hf.encode_batch(texts)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    def save(self, path: str | Path) -> None:
+        write_text_atomic(path, self.hf.to_str())
+
+
+def load_tokenizer(path: str | Path) -> WordTokenizer | CharTokenizer | BPETokenizer:
+    """Read a tokenizer saved by any of the classes above."""
+    path = Path(path)
+    if not path.is_file():
+        raise AttnlabError(f"no tokenizer file {path}")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise AttnlabError(f"{path} is not a tokenizer file: {err}") from err
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind == "word":
+        return WordTokenizer(data["itos"])
+    if kind == "char":
+        return CharTokenizer(data["chars"])
+    if isinstance(data, dict) and "model" in data:
+        from tokenizers import Tokenizer
+
+        return BPETokenizer(Tokenizer.from_str(text))
+    raise AttnlabError(f"{path} is not a tokenizer file attnlab knows")

@@ -1,0 +1,77 @@
+"""Tokenizers and batching."""
+
+import pytest
+import torch
+
+from attnlab.data import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    BPETokenizer,
+    CharTokenizer,
+    WordTokenizer,
+    bucketed_batches,
+    load_tokenizer,
+    pad_batch,
+    padding_fraction,
+    word_tokens,
+)
+from attnlab.errors import AttnlabError
+
+
+def test_word_tokenizer_counts_and_reserves_padding(tmp_path):
+    assert word_tokens("Damaged on arrival, NOT after use!") == ["damaged", "on", "arrival", ",", "not", "after", "use", "!"]
+    tok = WordTokenizer.train(["the parcel is late", "the parcel is lost"], min_freq=1)
+    assert tok.itos[:2] == ["<pad>", "<unk>"] and tok.stoi["the"] == 2
+    assert tok.encode("the unicorn") == [2, UNK_ID]
+    tok.save(tmp_path / "t.json")
+    assert load_tokenizer(tmp_path / "t.json").encode("parcel is late") == tok.encode("parcel is late")
+
+
+def test_char_tokenizer_round_trip_and_unknown_character(tmp_path):
+    tok = CharTokenizer.train("hello world")
+    assert tok.pad_id == PAD_ID and min(tok.encode("hello")) >= 1
+    assert tok.decode(tok.encode("hello world")) == "hello world"
+    with pytest.raises(AttnlabError, match="character 'z' is not in this model's vocabulary"):
+        tok.encode("zebra")
+    tok.save(tmp_path / "c.json")
+    assert load_tokenizer(tmp_path / "c.json").decode(tok.encode("old")) == "old"
+
+
+def test_bpe_tokenizer_specials_and_exact_detokenization(tmp_path):
+    texts = ["Ein Mann fährt Fahrrad.", "Eine Frau liest ein Buch.", "Zwei Hunde spielen im Schnee."] * 20
+    tok = BPETokenizer.train(texts, vocab_size=120, min_frequency=1)
+    assert (tok.pad_id, BOS_ID, EOS_ID) == (0, 2, 3)
+    assert tok.hf.token_to_id("<pad>") == 0 and tok.hf.token_to_id("<eos>") == 3
+    for text in ("Ein Mann fährt Fahrrad.", "Zwei Frauen spielen."):
+        assert tok.decode(tok.encode(text)) == text
+    tok.save(tmp_path / "b.json")
+    assert load_tokenizer(tmp_path / "b.json").encode(texts[0]) == tok.encode(texts[0])
+
+
+def test_load_tokenizer_errors(tmp_path):
+    with pytest.raises(AttnlabError, match="no tokenizer file"):
+        load_tokenizer(tmp_path / "missing.json")
+    (tmp_path / "x.json").write_text("{not json")
+    with pytest.raises(AttnlabError, match="not a tokenizer file"):
+        load_tokenizer(tmp_path / "x.json")
+
+
+def test_pad_batch():
+    assert torch.equal(pad_batch([[5, 6, 7], [8]]), torch.tensor([[5, 6, 7], [8, 0, 0]]))
+
+
+def test_bucketing_covers_every_example_once_and_reduces_padding():
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 60, (1000,), generator=g).tolist()
+    batches = bucketed_batches(lengths, seed=0, epoch=0, batch_size=16)
+    assert sorted(i for b in batches for i in b) == list(range(1000))
+    assert all(len(b) <= 16 for b in batches)
+    random_batches = [list(range(i, min(i + 16, 1000))) for i in range(0, 1000, 16)]
+    assert padding_fraction(batches, lengths) < 0.5 * padding_fraction(random_batches, lengths)
+    assert bucketed_batches(lengths, seed=0, epoch=0, batch_size=16) == batches  # deterministic
+    assert bucketed_batches(lengths, seed=0, epoch=1, batch_size=16) != batches  # reshuffled per epoch
+    by_tokens = bucketed_batches(lengths, seed=0, epoch=0, max_tokens=200)
+    assert all(len(b) * max(lengths[i] for i in b) <= 200 or len(b) == 1 for b in by_tokens)
+    assert sorted(i for b in by_tokens for i in b) == list(range(1000))
