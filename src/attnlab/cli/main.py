@@ -8,32 +8,25 @@ stderr, ``error: ...``, and exit status 2; never a stack trace.
 
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import Any
 
 import click
 
 from attnlab import __version__
+from attnlab.cli.lazy import LazyGroup
 from attnlab.errors import AttnlabError
 
 #: command name -> "module:attribute" of its click command, in the order ``--help`` lists them.
 COMMANDS: dict[str, str] = {
     "summary": "attnlab.cli.summary:summary",
+    "train": "attnlab.cli.train:train",
+    "eval": "attnlab.cli.evaluate:evaluate",
 }
 
 
-class _LazyGroup(click.Group):
-    """A group that imports a command's module only when that command runs."""
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return list(COMMANDS)
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in COMMANDS:
-            return None
-        module, attr = COMMANDS[cmd_name].split(":")
-        return getattr(importlib.import_module(module), attr)
+class _MainGroup(LazyGroup):
+    """The top-level group: lazy commands, and bad input reported as one line with exit status 2."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -47,7 +40,7 @@ class _LazyGroup(click.Group):
             ctx.exit(2)
 
 
-@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_MainGroup, lazy_commands=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="attnlab")
 def cli() -> None:
     """Build, train and interrogate transformers."""
