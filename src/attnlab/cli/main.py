@@ -20,6 +20,7 @@ from attnlab.errors import AttnlabError
 #: command name -> "module:attribute" of its click command, in the order ``--help`` lists them.
 COMMANDS: dict[str, str] = {
     "summary": "attnlab.cli.summary:summary",
+    "check": "attnlab.cli.check:check",
     "train": "attnlab.cli.train:train",
     "eval": "attnlab.cli.evaluate:evaluate",
 }

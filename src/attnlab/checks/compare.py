@@ -1,0 +1,86 @@
+"""When two outputs count as the same: one tolerance for every check.
+
+Two outputs ``a`` and ``b`` agree when ``max |a - b| <= atol + rtol * scale`` with ``scale`` the largest
+finite magnitude in either. The bound is relative because logits and hidden states come at any scale;
+it is loose enough for what float32 kernels do differently on a batch of another size or width (about
+1e-7 relative) and some hundred times tighter than the smallest effect of any bug the mutation suite
+plants. Non-finite values agree only with the same non-finite value (NaN with NaN, ``inf`` with
+``inf``), as in ``torch.testing.assert_close(equal_nan=True)``; against anything else they are a
+difference of ``inf``. So a model that gives NaN is reported by the finite check, and the other
+checks judge only their own property.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``atol + rtol * scale``: see the module docstring."""
+
+    atol: float = 1e-5
+    rtol: float = 1e-4
+
+    def bound(self, a: Tensor, b: Tensor) -> float:
+        """The largest difference between ``a`` and ``b`` that still counts as none."""
+        return self.atol + self.rtol * max(_finite_max(a), _finite_max(b))
+
+    def describe(self) -> str:
+        return f"|difference| <= {self.atol:g} + {self.rtol:g} x max|output|"
+
+
+TOLERANCE = Tolerance()
+
+
+@dataclass(frozen=True)
+class Difference:
+    """How far apart two outputs are.
+
+    Attributes:
+        max_diff: largest absolute difference (``inf`` where either side is not finite).
+        bound: the tolerance bound it was judged against.
+        positions: indices (into the compared tensors' leading axes) where the difference exceeds the bound.
+    """
+
+    max_diff: float
+    bound: float
+    positions: list[list[int]]
+
+    @property
+    def same(self) -> bool:
+        return self.max_diff <= self.bound
+
+    def __str__(self) -> str:
+        return f"{self.max_diff:.3g}" if math.isfinite(self.max_diff) else "inf (a value is NaN or infinite)"
+
+
+def difference(a: Tensor, b: Tensor, *, position_dims: int = 1, tolerance: Tolerance = TOLERANCE) -> Difference:
+    """Compare two outputs of the same shape.
+
+    Args:
+        a, b: outputs of equal shape, e.g. (seq, ...) for one row's positions or (...) for a pooled one.
+        position_dims: how many leading axes name a position in ``positions`` (0: none).
+    """
+    if a.shape != b.shape:
+        raise ValueError(f"outputs of shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be compared")
+    a, b = a.detach().double(), b.detach().double()
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    same_non_finite = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    diff = torch.where(finite, (a - b).abs(), torch.where(same_non_finite, 0.0, float("inf")))
+    bound = tolerance.bound(a, b)
+    max_diff = float(diff.max()) if diff.numel() else 0.0
+    positions: list[list[int]] = []
+    if position_dims and diff.dim() >= position_dims:
+        worst = diff.flatten(position_dims).amax(-1) if diff.dim() > position_dims else diff
+        positions = [list(map(int, p)) for p in torch.nonzero(worst > bound)]
+    return Difference(max_diff, bound, positions)
+
+
+def _finite_max(x: Tensor) -> float:
+    finite = x.detach()[torch.isfinite(x.detach())]
+    return float(finite.abs().max()) if finite.numel() else 0.0

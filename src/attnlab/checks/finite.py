@@ -1,0 +1,87 @@
+"""Finite outputs: no NaN or infinity on any input the contract allows.
+
+Per seed, two batches. The first mixes a full-length row, a padded row and, when the contract allows
+empty rows, a row made only of padding (for seq2seq: an empty source in one row, an empty target in
+another); without a pad id it is full-length rows. The second holds unpadded rows of the longest
+allowed length. Every output value counts, padding positions included, because a NaN there still
+poisons a loss that is masked by multiplication. Catches a padding mask turned the wrong way (seed 004:
+the real words are hidden, so a full-length row has nothing left to attend to and ``softmax`` of all
+``-inf`` is 0/0) and look-ahead masks that hide a whole query row. No tolerance: a value is finite or
+it is not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from attnlab.checks.calling import ModelUnderTest
+from attnlab.checks.contract import Contract
+from attnlab.checks.inputs import generator, pad_rows, randint, random_tokens, short_width
+from attnlab.checks.result import CheckResult
+
+NAME = "finite-outputs"
+
+
+def _mixed(gen: torch.Generator, contract: Contract, empty: int | None) -> tuple[Tensor, list[str]]:
+    """(3, width) ids: row 0 full, row 1 padded, row 2 real or (``empty == 2``) all padding; and row names."""
+    width = randint(gen, 2, short_width(contract))
+    lengths = [width, randint(gen, 1, width - 1), randint(gen, 1, width)]
+    names = ["full-length row", "padded row", "real row"]
+    if empty is not None:
+        lengths[empty], names[empty] = 0, "all-padding row"
+    return pad_rows([random_tokens(gen, contract, n) for n in lengths], width, contract.pad_id), names
+
+
+def _cases(gen: torch.Generator, contract: Contract) -> list[tuple[str, Tensor, Tensor | None, list[str]]]:
+    """(what, ids or target, source or None, a name per row) for one seed."""
+    seq2seq, short, longest = contract.kind == "seq2seq", short_width(contract), contract.max_length
+    empty = contract.pad_id is not None and contract.empty_rows
+    if contract.pad_id is None:
+        width = randint(gen, 1, short)
+        first = ("full-length rows", random_tokens(gen, contract, 2, width),
+                 random_tokens(gen, contract, 2, randint(gen, 1, short)) if seq2seq else None, ["full-length row"] * 2)
+    elif seq2seq:  # the empty target sits in row 2 of the target, the empty source in row 1 of the source
+        tgt, tgt_names = _mixed(gen, contract, 2 if empty else None)
+        src, _ = _mixed(gen, contract, None)
+        if empty:
+            src[1] = contract.pad_id
+        names = [f"target {name}" for name in tgt_names]
+        names[1] += " with an all-padding source" if empty else ""
+        first = ("full, padded and empty rows" if empty else "full and padded rows", tgt, src, names)
+    else:
+        ids, names = _mixed(gen, contract, 2 if empty else None)
+        first = ("full, padded and empty rows" if empty else "full and padded rows", ids, None, names)
+    last = (f"rows of the longest length ({longest})", random_tokens(gen, contract, 2, longest),
+            random_tokens(gen, contract, 2, longest) if seq2seq else None, ["longest row"] * 2)
+    return [first, last]
+
+
+def check_finite_outputs(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
+    """Run the finite outputs check over ``seeds``; see the module docstring."""
+    tol = "every value finite"
+    seen: list[str] = []
+    for done, seed in enumerate(seeds, 1):
+        mut.seed, gen = seed, generator(NAME, seed)
+        for what, ids, src, names in _cases(gen, mut.contract):
+            out = mut.outputs(ids, src)
+            seen += [] if what in seen else [what]
+            bad = ~torch.isfinite(out.float())
+            if not bad.any():
+                continue
+            if mut.per_position:  # (batch, seq, ...) -> which (row, position) pairs
+                where = [list(map(int, p)) for p in torch.nonzero(bad.reshape(*bad.shape[:2], -1).any(-1))]
+            else:
+                where = [[int(r)] for r in torch.nonzero(bad.reshape(bad.shape[0], -1).any(-1))[:, 0]]
+            rows = sorted({p[0] for p in where})
+            evidence = {"seed": seed, "case": what, "rows": [names[r] for r in rows], "input": ids,
+                        "positions": where, "non_finite_values": int(bad.sum()), "values": int(bad.numel())}
+            if src is not None:
+                evidence["source"] = src
+            summary = (f"seed {seed}: {int(bad.sum())} of {bad.numel()} values not finite on the "
+                       f"{', '.join(evidence['rows'])} (row {rows[0]}: {ids[rows[0]].tolist()}) at [row, position] "
+                       f"{where[:6]}{' ...' if len(where) > 6 else ''}")
+            return CheckResult(NAME, "fail", summary, tol, done, evidence)
+    return CheckResult(NAME, "pass", f"all finite: {'; '.join(seen)}", tol, len(seeds))

@@ -1,0 +1,106 @@
+"""Random inputs inside a :class:`~attnlab.checks.contract.Contract`: token rows, padding, reorderings.
+
+Every random choice comes from a ``torch.Generator`` seeded by (check name, seed), so a failure names
+a seed that reproduces it and the global RNG of the caller is never touched.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+from torch import Tensor
+
+from attnlab.checks.contract import Contract
+
+#: Longest sequence the checks use unless they test the longest one: long enough for every pattern
+#: (a cut, a reordering, some padding), short enough that twenty seeds of every check stay fast.
+SHORT = 8
+
+
+def generator(check: str, seed: int) -> torch.Generator:
+    """A generator for one (check, seed) pair; crc32 rather than ``hash`` because that is salted per run."""
+    return torch.Generator().manual_seed(zlib.crc32(check.encode()) * 1000 + seed)
+
+
+def short_width(contract: Contract) -> int:
+    """The width of the short rows: :data:`SHORT` or less if the model accepts less."""
+    return min(contract.max_length, SHORT)
+
+
+def randint(gen: torch.Generator, low: int, high: int) -> int:
+    """A random integer in ``[low, high]`` (both included)."""
+    return int(torch.randint(low, high + 1, (1,), generator=gen))
+
+
+def real_ids(contract: Contract) -> Tensor:
+    """(n,) every id a real token may hold: the vocabulary without the pad id."""
+    ids = torch.arange(contract.vocab_size)
+    return ids if contract.pad_id is None else ids[ids != contract.pad_id]
+
+
+def random_tokens(gen: torch.Generator, contract: Contract, *shape: int) -> Tensor:
+    """Real tokens (never the pad id) of the given shape, as a LongTensor."""
+    pool = real_ids(contract)
+    return pool[torch.randint(len(pool), shape, generator=gen)]
+
+
+def distinct_tokens(gen: torch.Generator, contract: Contract, n: int) -> Tensor:
+    """(n,) real tokens, all different when the vocabulary allows and never all the same, so that a
+    reordering can change them."""
+    pool = real_ids(contract)
+    tokens = pool[torch.randperm(len(pool), generator=gen)]
+    # A small vocabulary is cycled (at least 3 real ids, see Contract) and the result shuffled.
+    return tokens[torch.arange(n) % len(pool)][torch.randperm(n, generator=gen)]
+
+
+def other_tokens(gen: torch.Generator, contract: Contract, old: Tensor) -> Tensor:
+    """Real tokens of ``old``'s shape that differ from ``old`` at every position."""
+    pool = real_ids(contract)
+    # A random non-zero shift inside the pool of real ids: never the same token, never the pad.
+    index = torch.searchsorted(pool, old)
+    shift = torch.randint(1, len(pool), old.shape, generator=gen)
+    return pool[(index + shift) % len(pool)]
+
+
+def pad_rows(rows: list[Tensor], width: int, pad_id: int | None) -> Tensor:
+    """Right-pad 1-D rows to ``width``: (batch, width) LongTensor.
+
+    Raises ``ValueError`` if a row is longer than ``width`` or padding is needed without a pad id
+    (both are bugs in a check, not in the model).
+    """
+    out = torch.full((len(rows), width), -1 if pad_id is None else pad_id, dtype=torch.long)
+    for i, row in enumerate(rows):
+        if len(row) > width or (len(row) < width and pad_id is None):
+            raise ValueError(f"cannot pad a row of {len(row)} to width {width} with pad id {pad_id}")
+        out[i, : len(row)] = row
+    return out
+
+
+def random_lengths(gen: torch.Generator, count: int, low: int, width: int, *, padded: bool) -> list[int]:
+    """``count`` lengths in ``[low, width]``; with ``padded`` at least one is below ``width``."""
+    lengths = [randint(gen, low, width) for _ in range(count)]
+    if padded and min(lengths) == width:
+        lengths[randint(gen, 0, count - 1)] = randint(gen, low, width - 1)
+    return lengths
+
+
+def reordering(gen: torch.Generator, tokens: Tensor) -> Tensor:
+    """A permutation ``p`` of ``range(len(tokens))`` with ``tokens[p] != tokens`` somewhere.
+
+    Raises ``ValueError`` unless ``tokens`` holds at least two different values.
+    """
+    n = len(tokens)
+    if n < 2 or bool((tokens == tokens[0]).all()):
+        raise ValueError(f"no reordering changes {tokens.tolist()}")
+    while True:
+        perm = torch.randperm(n, generator=gen)
+        if not torch.equal(tokens[perm], tokens):
+            return perm
+
+
+def random_source(gen: torch.Generator, contract: Contract, batch: int) -> Tensor | None:
+    """For seq2seq, (batch, n) unpadded source ids for a check that varies only the target; else None."""
+    if contract.kind != "seq2seq":
+        return None
+    return random_tokens(gen, contract, batch, randint(gen, 1, short_width(contract)))

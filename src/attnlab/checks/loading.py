@@ -1,0 +1,79 @@
+"""Finding the model to check from a SPEC: ``path/to/file.py:factory`` or ``package.module:factory``.
+
+The factory takes no arguments and returns the callable model. Every way this can go wrong (no such
+file or module, no such factory, an import or the factory raising, a factory returning something that
+cannot be called) is an :class:`~attnlab.errors.AttnlabError` with one line that says which.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from attnlab.errors import AttnlabError
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+def _import_file(path: Path) -> ModuleType:
+    if not path.is_file():
+        raise AttnlabError(f"no such file: {path}")
+    name = f"_attnlab_check_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise AttnlabError(f"cannot import {path} as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look their module up here
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        del sys.modules[name]
+        raise AttnlabError(f"importing {path} failed: {_one_line(err)}") from err
+    return module
+
+
+def _import_module(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        if err.name and (name == err.name or name.startswith(err.name + ".")):
+            raise AttnlabError(f"no such module: {name}") from err
+        raise AttnlabError(f"importing {name} failed: {_one_line(err)}") from err
+    except Exception as err:
+        raise AttnlabError(f"importing {name} failed: {_one_line(err)}") from err
+
+
+def load_factory(spec: str) -> Callable[[], Any]:
+    """The factory a SPEC names (not called yet)."""
+    where, sep, attr = spec.rpartition(":")
+    if not sep or not where or not attr:
+        raise AttnlabError(f"SPEC must be path/to/file.py:factory or package.module:factory, got {spec!r}")
+    is_file = where.endswith(".py") or "/" in where or "\\" in where
+    module = _import_file(Path(where)) if is_file else _import_module(where)
+    if not hasattr(module, attr):
+        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise AttnlabError(f"{where} has no factory {attr!r} (its callables: {', '.join(public) or 'none'})")
+    factory = getattr(module, attr)
+    if not callable(factory):
+        raise AttnlabError(f"{where}:{attr} is a {type(factory).__name__}, not a factory function")
+    return factory
+
+
+def load_model(spec: str) -> Callable[..., Any]:
+    """Call the factory a SPEC names and return the model it builds."""
+    factory = load_factory(spec)
+    try:
+        model = factory()
+    except Exception as err:
+        raise AttnlabError(f"factory {spec} raised {_one_line(err)}") from err
+    if not callable(model):
+        raise AttnlabError(f"factory {spec} returned a {type(model).__name__}, which cannot be called as a model")
+    return model

@@ -1,0 +1,81 @@
+"""Mode: eval mode is deterministic; train mode with dropout is not (reported, not failed, without dropout).
+
+Per seed, one (padded) batch is run twice in eval mode, each time after seeding torch's RNG with a
+different value (inside ``torch.random.fork_rng``, so the caller's RNG state is untouched); the two
+outputs must agree within the shared tolerance. Catches dropout applied with ``training=True`` hard-coded
+or on a flag that eval mode never clears (seed 000 left dropout on at evaluation), and any other
+randomness at inference. Then, for an ``nn.Module`` and until it first happens, the same twice in train
+mode: outputs that differ mean dropout is active (pass); outputs that agree on every seed mean the model
+has no dropout, which is a note, not a failure. The model's own mode, submodule by submodule, is
+restored afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from attnlab.checks.calling import ModelUnderTest, mode
+from attnlab.checks.compare import TOLERANCE, Difference
+from attnlab.checks.inputs import (
+    generator,
+    pad_rows,
+    randint,
+    random_lengths,
+    random_source,
+    random_tokens,
+    short_width,
+)
+from attnlab.checks.result import CheckResult
+
+NAME = "mode"
+
+
+def _twice(mut: ModelUnderTest, ids: Tensor, src: Tensor | None, seed: int) -> Difference:
+    outs = []
+    for rng_seed in (2 * seed, 2 * seed + 1):
+        # fork_rng restores the caller's RNG state afterwards (the CUDA one too when the model is there).
+        with torch.random.fork_rng(devices=[mut.device] if mut.device.type == "cuda" else []):
+            torch.manual_seed(rng_seed)
+            outs.append(mut.outputs(ids, src))
+    return mut.compare(*outs)
+
+
+def check_mode(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
+    """Run the mode check over ``seeds``; see the module docstring."""
+    contract, tol = mut.contract, TOLERANCE.describe()
+    train_moved, dropout, switchable = 0.0, False, False
+    for done, seed in enumerate(seeds, 1):
+        mut.seed, gen = seed, generator(NAME, seed)
+        width = randint(gen, 2, short_width(contract))
+        pad = contract.pad_id
+        lengths = random_lengths(gen, 3, 1, width, padded=True) if pad is not None else [width] * 3
+        ids = pad_rows([random_tokens(gen, contract, n) for n in lengths], width, pad)
+        src = random_source(gen, contract, 3)
+        with mode(mut.model, training=False):
+            diff = _twice(mut, ids, src, seed)
+        if not diff.same:
+            evidence = {"seed": seed, "input": ids, "positions": diff.positions, "max_diff": diff.max_diff,
+                        "bound": diff.bound}
+            if src is not None:
+                evidence["source"] = src
+            summary = (f"seed {seed}: eval mode gave two different outputs for the same input (by up to "
+                       f"{diff}); input {ids.tolist()}")
+            return CheckResult(NAME, "fail", summary, tol, done, evidence)
+        if dropout:
+            continue  # train mode has shown its dropout once; the remaining seeds test eval mode only
+        with mode(mut.model, training=True) as switched:
+            if switched:
+                switchable = True
+                diff = _twice(mut, ids, src, seed)
+                train_moved, dropout = max(train_moved, diff.max_diff), not diff.same
+    if not switchable:
+        return CheckResult(NAME, "pass", "eval mode deterministic; train mode not checked (not an nn.Module)", tol,
+                           len(seeds))
+    if dropout:
+        return CheckResult(NAME, "pass", f"eval mode deterministic; train mode differs (by up to {train_moved:.2g}): "
+                           "dropout is active", tol, len(seeds), {"train_max_diff": train_moved})
+    return CheckResult(NAME, "note", "eval mode deterministic; train mode gives the same output twice: the model "
+                       "has no dropout (reported, not failed)", tol, len(seeds), {"train_max_diff": train_moved})

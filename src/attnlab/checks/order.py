@@ -1,0 +1,89 @@
+"""Order sensitivity: reordering the real tokens changes the output.
+
+Attention alone is blind to order (seed 004's shuffle test): without positions an encoder's outputs
+are only permuted along with its inputs, and a pooled output does not move at all. Per seed, on one
+unpadded row of 3..8 tokens, all different where the vocabulary allows:
+
+* encoder, per-position outputs: fail when ``out(x[p]) == out(x)[p]`` (outputs only permuted);
+* encoder, pooled output: fail when ``out(x[p]) == out(x)``;
+* decoder: the last position sees every token; reorder the ones before it and fail when the last
+  output does not move (a causal model without positions sees only the set of earlier tokens);
+* seq2seq: fail when reordering the source leaves every target output unchanged, or when reordering
+  the target before its last position leaves the last output unchanged.
+
+"Changed" means a difference beyond the shared tolerance (:mod:`attnlab.checks.compare`). A trial whose
+outputs are not finite decides nothing and is left out (the finite check reports those).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from attnlab.checks.calling import ModelUnderTest
+from attnlab.checks.compare import TOLERANCE
+from attnlab.checks.inputs import distinct_tokens, generator, randint, reordering, short_width
+from attnlab.checks.result import CheckResult
+
+NAME = "order-sensitivity"
+
+
+def _last(mut: ModelUnderTest, out: Tensor) -> Tensor:
+    return out[0, -1] if mut.per_position else out[0]
+
+
+def _prefix_reordered(gen: torch.Generator, x: Tensor) -> Tensor:
+    """``x`` with the tokens before its last position reordered."""
+    perm = reordering(gen, x[:-1])
+    return torch.cat((x[:-1][perm], x[-1:]))
+
+
+def check_order_sensitivity(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
+    """Run the order sensitivity check over ``seeds``; see the module docstring."""
+    contract = mut.contract
+    tol = f"changed when |difference| > {TOLERANCE.atol:g} + {TOLERANCE.rtol:g} x max|output|"
+    smallest, judged = float("inf"), 0
+    for done, seed in enumerate(seeds, 1):
+        mut.seed, gen = seed, generator(NAME, seed)
+        x = distinct_tokens(gen, contract, randint(gen, 3, short_width(contract)))
+        # (what a failure means, input, reordered input, output to compare, output of the reordered, extra evidence)
+        trials: list[tuple[str, Tensor, Tensor, Tensor, Tensor, dict[str, Tensor]]] = []
+        if contract.kind == "encoder":
+            perm = reordering(gen, x)
+            out, out_p = mut(x[None]), mut(x[perm][None])
+            if mut.per_position:
+                # Compare with the permuted outputs: equal means the model only carried them along.
+                trials.append(("outputs were only permuted with the tokens", x, x[perm], out[0][perm], out_p[0], {}))
+            else:
+                trials.append(("the pooled output did not change", x, x[perm], out[0], out_p[0], {}))
+        elif contract.kind == "decoder":
+            y = _prefix_reordered(gen, x)
+            trials.append(("the last position's output did not change when the tokens before it were reordered",
+                           x, y, _last(mut, mut(x[None])), _last(mut, mut(y[None])), {}))
+        else:
+            tgt = distinct_tokens(gen, contract, randint(gen, 3, short_width(contract)))
+            src_p, tgt_p = x[reordering(gen, x)], _prefix_reordered(gen, tgt)
+            out = mut(x[None], tgt[None])
+            trials.append(("reordering the source changed no target output", x, src_p, out[0],
+                           mut(src_p[None], tgt[None])[0], {"target": tgt}))
+            trials.append(("the last target output did not change when the target before it was reordered",
+                           tgt, tgt_p, _last(mut, out), _last(mut, mut(x[None], tgt_p[None])), {"source": x}))
+        for what, before, after, expected, got, extra in trials:
+            if not (torch.isfinite(expected).all() and torch.isfinite(got).all()):
+                continue  # NaN cannot tell order from no order; the finite check reports it
+            judged += 1
+            diff = mut.compare(expected, got)
+            if diff.same:
+                evidence = {"seed": seed, "input": before, "reordered": after, **extra, "max_diff": diff.max_diff,
+                            "bound": diff.bound}
+                summary = (f"seed {seed}: {what} (difference {diff.max_diff:.2g}): {before.tolist()} -> "
+                           f"{after.tolist()}")
+                return CheckResult(NAME, "fail", summary, tol, done, evidence)
+            smallest = min(smallest, diff.max_diff)
+    if not judged:
+        return CheckResult(NAME, "skip", "every output was NaN or infinite: nothing to compare (see finite-outputs)",
+                           tol, len(seeds))
+    return CheckResult(NAME, "pass", f"every reordering changed the output (smallest change {smallest:.2g})", tol,
+                       len(seeds), {"min_diff": smallest})

@@ -1,0 +1,126 @@
+"""Padding checks: padding must change nothing real.
+
+* **padding invariance**: each row alone (batch of one, no padding) and the same row padded inside a
+  batch of two give the same outputs on its real positions (or the same pooled output). For seq2seq
+  both sides are padded, so padding on the source must not change the decoder's outputs. Catches a
+  missing padding mask (seed 004), one turned the wrong way, put on the query axis, paired with the
+  wrong batch rows, a cross-attention mask built from the target (seed 000, change 8) and pooling that
+  averages the padding in.
+* **padding content**: what sits under the padding changes nothing real. In an ids-only contract a pad
+  position holds the pad id, so what may change is how much padding there is (extra pad columns, on
+  each side for seq2seq) and, on a causal side, the ids under the padding (a causal model cannot see
+  them, so the contract lets them hold anything). Catches masks that are built but not applied.
+
+Both need a pad id and are skipped without one. Widths 2..8, rows of length 1 or more, right padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from attnlab.checks.calling import ModelUnderTest
+from attnlab.checks.compare import TOLERANCE, Difference
+from attnlab.checks.contract import Contract
+from attnlab.checks.inputs import (
+    generator,
+    pad_rows,
+    randint,
+    random_lengths,
+    random_tokens,
+    short_width,
+)
+from attnlab.checks.result import CheckResult
+
+INVARIANCE, CONTENT = "padding-invariance", "padding-content"
+ROWS = 2  # a padded row next to a longer one is all padding needs
+
+
+def _rows(gen: torch.Generator, contract: Contract, width: int, *, padded: bool) -> list[Tensor]:
+    """:data:`ROWS` unpadded rows of lengths 1..width (with ``padded``, at least one shorter than width)."""
+    return [random_tokens(gen, contract, n) for n in random_lengths(gen, ROWS, 1, width, padded=padded)]
+
+
+def _fail(name: str, seed: int, done: int, what: str, row: int, diff: Difference, inputs: dict) -> CheckResult:
+    """A failed padding check; ``what`` says what was changed, in words, with the row's tokens."""
+    positions = [p[0] for p in diff.positions]
+    evidence = {"seed": seed, "row": row, **inputs, "positions": positions, "max_diff": diff.max_diff,
+                "bound": diff.bound}
+    where = f" at position(s) {positions}" if positions else ""
+    summary = f"seed {seed}: {what}: output{where} differs by up to {diff}"
+    return CheckResult(name, "fail", summary, TOLERANCE.describe(), done, evidence)
+
+
+def check_padding_invariance(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
+    """Run the padding invariance check over ``seeds``; see the module docstring."""
+    contract, tol = mut.contract, TOLERANCE.describe()
+    if contract.pad_id is None:
+        return CheckResult(INVARIANCE, "skip", "no pad id: the model takes no padding", tol)
+    seq2seq, worst = contract.kind == "seq2seq", 0.0
+    for done, seed in enumerate(seeds, 1):
+        mut.seed, gen = seed, generator(INVARIANCE, seed)
+        tgt_width, src_width = randint(gen, 2, short_width(contract)), randint(gen, 2, short_width(contract))
+        tgt_rows = _rows(gen, contract, tgt_width, padded=True)
+        src_rows = _rows(gen, contract, src_width, padded=True) if seq2seq else []
+        tgt = pad_rows(tgt_rows, tgt_width, contract.pad_id)
+        src = pad_rows(src_rows, src_width, contract.pad_id) if seq2seq else None
+        batch = mut.outputs(tgt, src)
+        for i, row in enumerate(tgt_rows):
+            alone = mut.outputs(row[None], src_rows[i][None] if seq2seq else None)
+            diff = mut.compare(mut.positions(alone, 0, len(row)), mut.positions(batch, i, len(row)))
+            if not diff.same:
+                inputs = {"alone": row, "padded_batch": tgt}
+                if seq2seq:
+                    inputs.update(source_alone=src_rows[i], padded_source_batch=src)
+                source = f" (source {src_rows[i].tolist()})" if seq2seq else ""
+                what = f"row {row.tolist()}{source} alone vs padded in a batch of {ROWS}"
+                return _fail(INVARIANCE, seed, done, what, i, diff, inputs)
+            worst = max(worst, diff.max_diff)
+    return CheckResult(INVARIANCE, "pass", f"alone and padded in a batch agree (largest difference {worst:.2g})",
+                       tol, len(seeds), {"max_diff": worst})
+
+
+def check_padding_content(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
+    """Run the padding content check over ``seeds``; see the module docstring."""
+    contract, tol = mut.contract, TOLERANCE.describe()
+    if contract.pad_id is None:
+        return CheckResult(CONTENT, "skip", "no pad id: the model takes no padding", tol)
+    seq2seq, pad, worst = contract.kind == "seq2seq", contract.pad_id, 0.0
+    # Room for at least one extra pad column within the longest sequence the model accepts.
+    widest = min(short_width(contract), contract.max_length - 1)
+    for done, seed in enumerate(seeds, 1):
+        mut.seed, gen = seed, generator(CONTENT, seed)
+        tgt_width, src_width = randint(gen, 2, widest), randint(gen, 2, widest)
+        tgt_rows = _rows(gen, contract, tgt_width, padded=False)
+        src_rows = _rows(gen, contract, src_width, padded=False) if seq2seq else []
+        tgt = pad_rows(tgt_rows, tgt_width, pad)
+        src = pad_rows(src_rows, src_width, pad) if seq2seq else None
+        base = mut.outputs(tgt, src)
+        extra_tgt = randint(gen, 1, min(4, contract.max_length - tgt_width))
+        more_tgt = pad_rows(tgt_rows, tgt_width + extra_tgt, pad)
+        variants: dict[str, tuple[Tensor, Tensor | None]]
+        if seq2seq:
+            extra_src = randint(gen, 1, min(4, contract.max_length - src_width))
+            variants = {f"{extra_tgt} more target pad column(s)": (more_tgt, src),
+                        f"{extra_src} more source pad column(s)": (tgt, pad_rows(src_rows, src_width + extra_src, pad))}
+        else:
+            variants = {f"{extra_tgt} more pad column(s)": (more_tgt, None)}
+        if contract.causal and mut.per_position:
+            filled = tgt.clone()
+            hidden = filled == pad
+            filled[hidden] = random_tokens(gen, contract, int(hidden.sum()))
+            variants["random ids under the (causal) padding"] = (filled, src)
+        for what, (new_tgt, new_src) in variants.items():
+            out = mut.outputs(new_tgt, new_src)
+            for i, row in enumerate(tgt_rows):
+                diff = mut.compare(mut.positions(base, i, len(row)), mut.positions(out, i, len(row)))
+                if not diff.same:
+                    inputs = {"input": tgt, "changed_input": new_tgt}
+                    if seq2seq:
+                        inputs.update(source=src, changed_source=new_src)
+                    return _fail(CONTENT, seed, done, f"{what}, row {i} {row.tolist()}", i, diff, inputs)
+                worst = max(worst, diff.max_diff)
+    return CheckResult(CONTENT, "pass", f"what sits under the padding changes nothing real (largest difference "
+                       f"{worst:.2g})", tol, len(seeds), {"max_diff": worst})

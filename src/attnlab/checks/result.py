@@ -1,0 +1,70 @@
+"""What a check returns: a status, a one-line summary, and the evidence behind it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Status = Literal["pass", "fail", "note", "skip"]
+
+#: ``note``: reported, not failed (train mode of a model without dropout); ``skip``: does not apply.
+STATUSES: tuple[str, ...] = ("pass", "fail", "note", "skip")
+
+
+@dataclass
+class CheckResult:
+    """One check's verdict.
+
+    Attributes:
+        name: the check, e.g. ``"causal"``.
+        status: ``pass``, ``fail``, ``note`` (reported, not failed) or ``skip`` (does not apply).
+        summary: one line for a table; for a failure it says where, by how much and on which input.
+        tolerance: the rule the outputs were judged by.
+        seeds: how many seeds ran (up to and including a failing one).
+        evidence: the details, JSON-ready: ``seed``, the ``input`` ids, ``positions`` as [row, position]
+            pairs, ``max_diff`` and ``bound``, or the ``exception`` the model raised.
+    """
+
+    name: str
+    status: Status
+    summary: str
+    tolerance: str = ""
+    seeds: int = 0
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Tensors become lists here, so evidence compares, prints and pickles as plain Python.
+        self.evidence = jsonable(self.evidence, strict=False)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "fail"
+
+    def describe(self) -> str:
+        """Several lines for an assertion message: the summary, then every piece of evidence."""
+        lines = [f"{self.name}: {self.status}: {self.summary}"]
+        if self.tolerance:
+            lines.append(f"  tolerance: {self.tolerance}")
+        lines += [f"  {key}: {value}" for key, value in self.evidence.items()]
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return jsonable({
+            "name": self.name, "status": self.status, "summary": self.summary, "tolerance": self.tolerance,
+            "seeds": self.seeds, "evidence": self.evidence,
+        })
+
+
+def jsonable(value: Any, *, strict: bool = True) -> Any:
+    """``value`` with tensors as lists; with ``strict`` also non-finite floats as strings ("inf", "nan"),
+    so that ``json.dumps(..., allow_nan=False)`` accepts it."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, dict):
+        return {str(k): jsonable(v, strict=strict) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v, strict=strict) for v in value]
+    if strict and isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value

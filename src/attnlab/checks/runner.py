@@ -1,0 +1,83 @@
+"""Running the checks: each one in eval mode (except ``mode``), each model exception a failed check."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from attnlab.checks.batch import check_batch_independence
+from attnlab.checks.calling import ModelUnderTest, mode
+from attnlab.checks.causal import check_causal
+from attnlab.checks.contract import Contract
+from attnlab.checks.finite import check_finite_outputs
+from attnlab.checks.mode import check_mode
+from attnlab.checks.order import check_order_sensitivity
+from attnlab.checks.padding import check_padding_content, check_padding_invariance
+from attnlab.checks.report import CheckReport
+from attnlab.checks.result import CheckResult
+from attnlab.errors import AttnlabError
+
+CheckFn = Callable[[ModelUnderTest, Sequence[int]], CheckResult]
+
+#: Every check by name, in the order they run and are reported.
+CHECKS: dict[str, CheckFn] = {
+    "causal": check_causal,
+    "padding-invariance": check_padding_invariance,
+    "padding-content": check_padding_content,
+    "batch-independence": check_batch_independence,
+    "order-sensitivity": check_order_sensitivity,
+    "finite-outputs": check_finite_outputs,
+    "mode": check_mode,
+}
+
+
+def seed_list(seeds: int | Iterable[int]) -> list[int]:
+    """``5`` -> ``[0, 1, 2, 3, 4]``; an iterable of seeds is taken as it is."""
+    out = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
+    if not out:
+        raise AttnlabError("the checks need at least one seed")
+    return out
+
+
+def run_check(name: str, mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
+    """One check; an exception from the model becomes a failed check that quotes it and its input."""
+    if name not in CHECKS:
+        raise AttnlabError(f"unknown check {name!r}; the checks are {', '.join(CHECKS)}")
+    mut.seed, mut.last_input = None, {}
+    try:
+        if name == "mode":  # switches the mode itself
+            return CHECKS[name](mut, seeds)
+        with mode(mut.model, training=False):
+            return CHECKS[name](mut, seeds)
+    except Exception as err:  # the model raised on an input inside its contract: that is the finding
+        text = f"{type(err).__name__}: {err}"
+        first_line = text.splitlines()[0] if text.strip() else type(err).__name__
+        evidence: dict[str, Any] = {"exception": text, "seed": mut.seed, "input": mut.last_input}
+        summary = f"the model raised {first_line}" + (f" (seed {mut.seed})" if mut.seed is not None else "")
+        return CheckResult(name, "fail", summary, "", 0, evidence)
+
+
+def run_checks(
+    model: Callable[..., Any],
+    contract: Contract,
+    *,
+    seeds: int | Iterable[int] = 5,
+    only: Iterable[str] | None = None,
+    spec: str = "",
+) -> CheckReport:
+    """Run the checks on ``model``.
+
+    Args:
+        model: ``model(ids)`` for encoders and decoders, ``model(src, tgt)`` for seq2seq; ids are
+            (batch, seq) LongTensors. An ``nn.Module`` is put in eval mode for the checks (and in train
+            mode for part of ``mode``), and its own mode is restored afterwards.
+        contract: the inputs it accepts.
+        seeds: how many seeds (``range(seeds)``) or which ones; every check runs on each.
+        only: names of the checks to run (default all, see :data:`CHECKS`).
+        spec: where the model came from, for the report.
+    """
+    names = list(CHECKS) if only is None else list(only)
+    seed_values = seed_list(seeds)
+    mut = ModelUnderTest(model, contract)
+    results = [run_check(name, mut, seed_values) for name in names]
+    return CheckReport(contract, seed_values, results, per_position=mut.detected_per_position, spec=spec)
