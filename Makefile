@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lab: $(STAMP)
-	$(BIN)/attnlab summary --preset paper-base
+	$(BIN)/attnlab lab --out $(OUT)
 
 test: $(STAMP)
 	$(BIN)/ruff check .

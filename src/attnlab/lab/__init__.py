@@ -1,0 +1,19 @@
+"""The lab: seed 000's measurements (and seed 004's shuffle test and mask explorer) as one report.
+
+``attnlab lab`` runs :func:`run_lab`, which computes seven sections in the seed's order with the
+project's own core and writes ``index.html`` (self-contained, figures inline) and ``numbers.json``:
+
+1. angles and encodings (:mod:`.encoding`)
+2. properties of the encoding (:mod:`.encoding`)
+3. positional encoding meets GloVe word vectors (:mod:`.glove` loads them, :mod:`.embeddings` measures)
+4. masks (:mod:`.masks_demo`)
+5. the model (:mod:`.model_checks`)
+6. order: the shuffle test (:mod:`.order`)
+7. mask explorer (:mod:`.explorer`)
+
+:mod:`.figures` draws (matplotlib, Agg), :mod:`.html` formats, :mod:`.report` assembles and writes.
+"""
+
+from attnlab.lab.runner import DEFAULT_MAX_LENGTH, STEPS, LabResult, run_lab
+
+__all__ = ["DEFAULT_MAX_LENGTH", "STEPS", "LabResult", "run_lab"]

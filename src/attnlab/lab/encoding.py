@@ -1,0 +1,189 @@
+"""Sections 1 and 2: the sinusoidal angles and encodings, then the two properties that make them useful.
+
+Everything is computed by the core (:func:`attnlab.nn.sinusoidal_angles`, :func:`attnlab.nn.sinusoidal_encoding`)
+and measured here with vectorised torch operations: norms with ``torch.linalg.vector_norm``, the Gram
+matrix with one matmul and the distance matrix with ``torch.cdist``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnlab.lab import figures
+from attnlab.lab.html import Section, check, code, figure, fmt, heading, matrix, para, table
+from attnlab.nn import sinusoidal_angles, sinusoidal_encoding
+
+#: Seed 000's demonstration sizes: a 4 x 8 angle matrix and a 50-position, 512-wide encoding.
+ANGLE_POSITIONS, ANGLE_D = 4, 8
+TABLE_POSITIONS, TABLE_D = 50, 512
+#: Positions the seed measures norms and gap distances at (kept only where they fit the length).
+NORM_POSITIONS = (0, 34, 99)
+GAP_POSITIONS = (0, 10, 40, 70, 90)
+GAP_K = 2
+
+
+def angles_section() -> Section:
+    """Section 1: the 4 x 8 angle matrix, the (50, 512) encoding's shape, first rows and heatmap."""
+    angles = sinusoidal_angles(ANGLE_POSITIONS, ANGLE_D)  # (4, 8) float64
+    pe = sinusoidal_encoding(TABLE_POSITIONS, TABLE_D)  # (50, 512) float32, as a model would hold it
+    row0 = pe[0, :8].tolist()
+    row1 = [round(v, 4) for v in pe[1, :8].tolist()]
+    paired = bool(torch.equal(angles[:, 0::2], angles[:, 1::2]))
+
+    body = para(
+        "Each pair of dimensions (2i, 2i + 1) shares one angle, pos / 10000<sup>2i/d</sup>: the even one",
+        "takes its sine, the odd one its cosine. For d = 8 the angle shrinks tenfold each time i grows,",
+        "because 10000<sup>2i/8</sup> = 10<sup>i</sup>.",
+    )
+    body += matrix(angles.numpy(), 3, row_labels=[f"pos {p}" for p in range(ANGLE_POSITIONS)],
+                   col_labels=[f"k={k}" for k in range(ANGLE_D)], caption="sinusoidal_angles(4, 8)")
+    body += check(paired, "columns 0 and 1, 2 and 3, 4 and 5, 6 and 7 are equal: each angle is read twice")
+    body += heading("The encoding table")
+    body += code(
+        f"sinusoidal_encoding({TABLE_POSITIONS}, {TABLE_D}).shape = {tuple(pe.shape)}\n"
+        f"position 0, first 8 dimensions: [{', '.join(fmt(v, 4) for v in row0)}]\n"
+        f"position 1, first 8 dimensions: [{', '.join(fmt(v, 4) for v in row1)}]"
+    )
+    body += para(
+        "Position 0 is not the zero vector: every angle is 0, so the row alternates sin 0 = 0 and cos 0 = 1.",
+        "The core returns (positions, d) without the seed's leading batch axis; broadcasting adds it.",
+    )
+    png = figures.heatmap(pe.numpy(), title=f"Positional encoding, {TABLE_POSITIONS} positions x {TABLE_D} dimensions",
+                          xlabel="dimension k", ylabel="position")
+    body += figure(png, "heatmap of the 50 by 512 positional encoding",
+                   "Low dimensions (left) oscillate fast down the positions, high ones (right) barely move: "
+                   "fast columns tell neighbours apart, slow ones tell the start of a long text from its end.")
+    numbers = {
+        "angles": angles.tolist(),
+        "angle_pairs_equal": paired,
+        "table_shape": list(pe.shape),
+        "row0_first8": row0,
+        "row1_first8": row1,
+    }
+    return Section("angles", "Angles and encodings", numbers, body)
+
+
+def _norms_and_gaps(num_positions: int, d: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Norm of every encoding row and the distance across every gap of ``k`` (float64, vectorised).
+
+    Returns:
+        the (P, d) encoding, norms (P,) and gap distances (P - k,).
+    """
+    pe = sinusoidal_encoding(num_positions, d, dtype=torch.float64)
+    norms = torch.linalg.vector_norm(pe, dim=1)
+    gaps = torch.linalg.vector_norm(pe[:-k] - pe[k:], dim=1)
+    return pe, norms, gaps
+
+
+def _at(values: torch.Tensor, positions: list[int]) -> dict[str, float]:
+    return {str(p): float(values[p]) for p in positions}
+
+
+def _spread(values: torch.Tensor) -> float:
+    return float(values.max() - values.min())
+
+
+def properties_section(d: int, max_length: int) -> Section:
+    """Section 2: constant norm sqrt(d/2), gap distances that depend on the gap only, and an odd width.
+
+    Args:
+        d: encoding width (the word vectors' width, so that section 3 can add the two).
+        max_length: number of positions (the padded sentence length of section 3).
+    """
+    norm_at = sorted({p for p in NORM_POSITIONS if p < max_length} | {max_length - 1})
+    gap_at = [p for p in GAP_POSITIONS if p + GAP_K < max_length]
+    reference = math.sqrt(d / 2)
+    pe, norms, gaps = _norms_and_gaps(max_length, d, GAP_K)
+    # The odd width next to d: its last dimension is a sine with no cosine partner.
+    d_odd = d + 1 if d % 2 == 0 else d
+    _, odd_norms, odd_gaps = _norms_and_gaps(max_length, d_odd, GAP_K)
+
+    gram = pe @ pe.T  # (P, P): every encoding's dot product with every other, one matmul
+    # The exact (non-matmul) cdist path keeps the diagonal at exactly 0.
+    dist = torch.cdist(pe[None], pe[None], compute_mode="donot_use_mm_for_euclid_dist")[0]  # (P, P)
+
+    body = para(
+        f"From here the encoding width follows the word vectors of section 3: <b>d = {d}</b>, over",
+        f"<b>{max_length}</b> positions (the padded sentence length). Each sine/cosine pair contributes",
+        "sin&sup2; + cos&sup2; = 1 to the squared norm, so every row should have norm sqrt(d/2)",
+        f"= {fmt(reference, 6)}.",
+    )
+    body += table(["position", f"||PE[pos]||, d = {d}", f"||PE[pos]||, d = {d_odd}"],
+                  [(p, fmt(norms[p], 6), fmt(odd_norms[p], 6)) for p in norm_at])
+    body += para(
+        f"The distance across a fixed gap of k = {GAP_K} should not depend on where the gap sits:",
+    )
+    body += table(["pos", f"||PE[pos] - PE[pos+{GAP_K}]||, d = {d}", f"same, d = {d_odd}"],
+                  [(p, fmt(gaps[p], 6), fmt(odd_gaps[p], 6)) for p in gap_at])
+    body += heading(f"An odd width weakens both facts (d = {d_odd})")
+    # The unpaired last column is sin(pos / 10000^((d_odd - 1) / d_odd)), the slowest of all: its sine
+    # first reaches 1, and the norm its largest value, at this position.
+    slowest = 10000.0 ** ((d_odd - 1) / d_odd)
+    peak_position = math.pi / 2 * slowest
+    body += para(
+        f"With d = {d_odd} the last dimension is a sine with no cosine partner, so the squared norm is",
+        f"{d_odd // 2} + sin&sup2;(pos / {slowest:,.0f}): it drifts from sqrt({d_odd // 2}) = {fmt(math.sqrt(d_odd // 2), 4)}",
+        f"up to sqrt({d_odd // 2 + 1}) = {fmt(math.sqrt(d_odd // 2 + 1), 4)}, reached near position {peak_position:,.0f}.",
+        "The gap distance picks up a position-dependent term the same way. That column is the slowest one,",
+        f"so over {max_length} positions the drift is small; measured over all of them:",
+    )
+    body += table(
+        ["width", "norm: min", "norm: max", "norm spread", f"gap-{GAP_K} distance spread"],
+        [(f"d = {d}", fmt(norms.min(), 6), fmt(norms.max(), 6), f"{_spread(norms):.2e}", f"{_spread(gaps):.2e}"),
+         (f"d = {d_odd}", fmt(odd_norms.min(), 6), fmt(odd_norms.max(), 6), f"{_spread(odd_norms):.2e}",
+          f"{_spread(odd_gaps):.2e}")],
+    )
+    body += figure(
+        figures.property_curves({f"d = {d}": norms.numpy(), f"d = {d_odd}": odd_norms.numpy()},
+                                {f"d = {d}": gaps.numpy(), f"d = {d_odd}": odd_gaps.numpy()}, GAP_K),
+        "log-scale drift of the norm and of the gap distance with position, for an even and an odd width",
+        "How far each property drifts from its value at position 0 (log scale). Even width: rounding noise "
+        "only, the properties are exact. Odd width: both drift, orders of magnitude above the noise, "
+        "growing with the position.",
+    )
+    body += heading("Every position against every other")
+    body += para(
+        "PE PE<sup>T</sup> is a Gram matrix (dot products), a fixed multiple d/2 of the cosine similarities",
+        "because every norm is the same; it is not a Pearson correlation. Both matrices below are computed",
+        "in one vectorised call each: a matmul and <code>torch.cdist</code>.",
+    )
+    symmetric = bool(torch.allclose(gram, gram.T) and torch.allclose(dist, dist.T))
+    diag_max = bool(torch.all(gram.diagonal() >= gram.max(dim=1).values - 1e-9))
+    body += check(symmetric, "both matrices are symmetric")
+    body += check(diag_max and float(dist.diagonal().abs().max()) == 0.0,
+                  f"the dot product is largest on the diagonal (= d/2 = {d / 2:g}); the distance there is exactly 0")
+    body += figure(figures.heatmap_pair(gram.numpy(), dist.numpy(), ("Dot product", "Euclidean distance"), "position"),
+                   "heatmaps of the dot-product and Euclidean-distance matrices between all positions",
+                   "Left: the dot products peak (dark blue) on the diagonal, where a vector meets itself. Right: the "
+                   "distances are 0 on the diagonal and grow away from it. Neither is "
+                   "monotone far from the diagonal, where individual components drift back into phase.")
+
+    numbers = {
+        "d": d,
+        "positions": max_length,
+        "sqrt_half_d": reference,
+        "norms": _at(norms, norm_at),
+        "norm_spread": _spread(norms),
+        "gap_distances": {"k": GAP_K, "values": _at(gaps, gap_at), "spread": _spread(gaps)},
+        "odd": {
+            "d": d_odd,
+            "norms": _at(odd_norms, norm_at),
+            "norm_min": float(odd_norms.min()),
+            "norm_max": float(odd_norms.max()),
+            "norm_spread": _spread(odd_norms),
+            "gap_distances": {"k": GAP_K, "values": _at(odd_gaps, gap_at), "spread": _spread(odd_gaps)},
+            "norm_limit": math.sqrt(d_odd // 2 + 1),
+            "norm_limit_position": peak_position,
+        },
+        "gram": {"shape": list(gram.shape), "diagonal": float(gram[0, 0]), "symmetric": symmetric},
+        "distance": {"shape": list(dist.shape), "max": float(dist.max()), "diagonal_max": float(dist.diagonal().max())},
+    }
+    highlights = [
+        (f"norm of PE rows (d={d})", f"{fmt(norms[0], 6)} = sqrt(d/2), spread {_spread(norms):.1e}"),
+        (f"gap-{GAP_K} distance (d={d})", f"{fmt(gaps[0], 6)}, spread {_spread(gaps):.1e}"),
+        (f"odd d={d_odd}", f"norm spread {_spread(odd_norms):.1e}, gap spread {_spread(odd_gaps):.1e}"),
+    ]
+    return Section("encoding", "Properties of the encoding", numbers, body, highlights)
+

@@ -1,0 +1,132 @@
+"""Matplotlib figures for the lab report, rendered off-screen (Agg) to base64 PNG strings.
+
+PNG rather than SVG: the heatmaps hold thousands of cells, which as vector paths would weigh megabytes
+(seed 000 rasterises them for the same reason); a PNG of each is a few tens of kilobytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display here, and none needed: every figure goes into the page
+
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import numpy as np  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+DPI = 100
+#: One colour per semantic group of the engineered sentences (seed 000), so clusters read at a glance.
+GROUP_COLOURS = {"people": "#1f77b4", "animals": "#d62728", "sports": "#2ca02c", "colours": "#9467bd"}
+
+
+def to_png(fig: Figure) -> str:
+    """Render ``fig`` as a base64-encoded PNG and close it."""
+    buf = io.BytesIO()
+    # No bbox_inches="tight": it draws the figure twice; the constrained layout already fits it.
+    fig.savefig(buf, format="png", dpi=DPI)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def heatmap(values: np.ndarray, *, title: str, xlabel: str, ylabel: str, size: tuple[float, float] = (9, 4)) -> str:
+    """One heatmap of a (rows, cols) array, row 0 at the top."""
+    fig, ax = plt.subplots(figsize=size, layout="constrained")
+    # More columns than pixels: let matplotlib antialias instead of dropping columns (which draws stripes).
+    image = ax.imshow(values, cmap="RdBu", aspect="auto", interpolation="antialiased")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=12, color="dimgray")
+    fig.colorbar(image, ax=ax)
+    return to_png(fig)
+
+
+def heatmap_pair(left: np.ndarray, right: np.ndarray, titles: tuple[str, str], label: str) -> str:
+    """Two square heatmaps side by side (the Gram and distance matrices)."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
+    for ax, data, title in zip(axes, (left, right), titles):
+        image = ax.imshow(data, cmap="RdBu", interpolation="nearest")
+        ax.set_xlabel(label)
+        ax.set_ylabel(label)
+        ax.set_title(title, fontsize=12, color="dimgray")
+        fig.colorbar(image, ax=ax, shrink=0.9)
+    return to_png(fig)
+
+
+def property_curves(norms: dict[str, np.ndarray], gaps: dict[str, np.ndarray], k: int) -> str:
+    """How far the norm and the gap-k distance drift from their value at position 0, on a log scale.
+
+    A flat property shows up as rounding noise (about 1e-15); a weakened one rises orders of magnitude
+    above it, however small it is in absolute terms.
+
+    Args:
+        norms, gaps: label -> (P,) norms and (P - k,) gap distances, one entry per encoding width.
+        k: the gap.
+    """
+    floor = 1e-17  # log scale: exact zeros are drawn at this floor
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8), layout="constrained")
+    for ax, curves, title in ((left, norms, "Norm: |norm(PE[pos]) - norm(PE[0])|"),
+                              (right, gaps, f"Gap {k}: |dist(pos) - dist(0)|")):
+        for label, values in curves.items():
+            ax.plot(np.arange(len(values)), np.maximum(np.abs(values - values[0]), floor), label=label)
+        ax.set_yscale("log")
+        ax.set_ylim(floor / 2, None)
+        ax.set_xlabel("position")
+        ax.set_title(title, fontsize=12, color="dimgray")
+        ax.grid(linestyle="--", alpha=0.4)
+        ax.legend(fontsize=9)
+    return to_png(fig)
+
+
+def _word_panel(ax: Axes, points: np.ndarray, words: Sequence[str], groups: Sequence[str], title: str) -> None:
+    ax.scatter(points[:, 0], points[:, 1], color=[GROUP_COLOURS[g] for g in groups], zorder=3)
+    span = np.ptp(points, axis=0) + 1e-12
+    for i, ((x, y), word, group) in enumerate(zip(points, words, groups)):
+        # A point right next to an earlier one gets its label below instead, so the two words do not overprint.
+        crowded = np.any(np.all(np.abs(points[:i] - points[i]) < span * (0.12, 0.06), axis=1))
+        ax.annotate(word, (x, y), fontsize=11, fontweight="bold", xytext=(4, -13) if crowded else (4, 4),
+                    textcoords="offset points", color=GROUP_COLOURS[group])
+    ax.grid(linestyle="--", alpha=0.4)
+    ax.set_title(title, fontsize=11, color="dimgray")
+    ax.margins(0.15)
+
+
+def word_panels(layouts: Sequence[np.ndarray], words: Sequence[Sequence[str]], groups: Sequence[Sequence[str]],
+                titles: Sequence[str]) -> str:
+    """PCA layouts of words side by side, each point labelled and coloured by its semantic group.
+
+    Args:
+        layouts: per panel, (n_words, 2) coordinates.
+        words, groups: per panel, the word and its group for every row of the layout.
+        titles: one per panel.
+    """
+    n = len(layouts)
+    rows = 2 if n == 4 else 1  # four panels read better as a 2 x 2 grid than as a thin strip
+    cols = n // rows
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.8 * rows), squeeze=False, layout="constrained")
+    for ax, points, w, g, title in zip(axes.flat, layouts, words, groups, titles):
+        _word_panel(ax, points, w, g, title)
+    handles = [plt.Line2D([], [], marker="o", linestyle="", color=c, label=name) for name, c in GROUP_COLOURS.items()]
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
+    return to_png(fig)
+
+
+def attention_maps(maps: Sequence[np.ndarray], titles: Sequence[str], xlabels: Sequence[str],
+                   ylabel: str) -> str:
+    """Attention weight matrices side by side, values written in the cells."""
+    fig, axes = plt.subplots(1, len(maps), figsize=(4.2 * len(maps), 3.6), squeeze=False, layout="constrained")
+    for ax, weights, title, xlabel in zip(axes[0], maps, titles, xlabels):
+        ax.imshow(weights, cmap="Blues", vmin=0.0, vmax=1.0)
+        for (i, j), w in np.ndenumerate(weights):
+            ax.text(j, i, f"{w:.2f}", ha="center", va="center", fontsize=8,
+                    color="white" if w > 0.6 else "black")
+        ax.set_title(title, fontsize=11, color="dimgray")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(range(weights.shape[1]))
+        ax.set_yticks(range(weights.shape[0]))
+    return to_png(fig)

@@ -1,0 +1,90 @@
+"""Section 4: the padding mask and the look-ahead mask, on a softmax and on one attention call.
+
+Seed 000's examples, run through the core: :func:`~attnlab.nn.padding_mask`, :func:`~attnlab.nn.causal_mask`,
+:func:`~attnlab.nn.from_keep_mask` (the seed's float "1 = keep" masks), :func:`~attnlab.nn.masked_softmax`
+and :func:`~attnlab.nn.attention_reference`. Scores get an explicit query axis, so a (3, 1, 1, 5) mask
+meets (3, 1, 1, 5) scores (the seed's change 9: without it the shapes broadcast to nonsense).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from attnlab.lab.html import Section, check, code, heading, matrix, para
+from attnlab.nn import attention_reference, causal_mask, from_keep_mask, masked_softmax, padding_mask
+
+#: Seed 000's three sequences with zeros (padding) in different places.
+PADDED = [[7, 6, 0, 0, 1], [1, 2, 3, 0, 0], [0, 0, 0, 4, 5]]
+#: Seed 000's attention example: one query, three keys, values [0,0], [1,0], [1,0].
+Q = [[1.0, 0.0, 1.0, 0.0]]
+K = [[1.0, 2.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0], [1.0, 0.0, 0.0, 1.0]]
+V = [[0.0, 0.0], [1.0, 0.0], [1.0, 0.0]]
+KEEP = [[1.0, 1.0, 0.0]]  # the seed's float mask hiding the last key
+
+
+def _round(t: torch.Tensor, digits: int = 4) -> list:
+    """Nested lists of Python floats rounded for display (float32 values would print 17 digits)."""
+    return np.round(t.double().numpy(), digits).tolist()
+
+
+def masks_section() -> Section:
+    """Section 4: padding mask and softmax, look-ahead mask, attention with and without a mask."""
+    ids = torch.tensor(PADDED)  # (3, 5)
+    mask = padding_mask(ids)  # (3, 1, 1, 5) bool, True on real tokens
+    # The seed writes the same mask as floats, 1 = keep; the converter must agree with padding_mask.
+    seed_style = 1.0 - (ids == 0).float()
+    agrees = bool(torch.equal(from_keep_mask(seed_style)[:, None, None, :], mask))
+    scores = ids.float()[:, None, None, :]  # (3, 1, 1, 5): one query position per sequence
+    plain = masked_softmax(scores)[:, 0, 0]  # (3, 5)
+    masked = masked_softmax(scores, attend_mask=mask)[:, 0, 0]
+    pad_weight = float((masked * (~mask[:, 0, 0]).float()).sum())
+    rows_ok = bool(torch.allclose(masked.sum(-1), torch.ones(3), atol=1e-6))
+
+    look_ahead = causal_mask(4)  # (1, 1, 4, 4)
+
+    q, k, v = torch.tensor(Q), torch.tensor(K), torch.tensor(V)
+    out, w = attention_reference(q, k, v)  # (1, 2), (1, 3)
+    keep = from_keep_mask(torch.tensor(KEEP))  # (1, 3) bool, the same rank as the (1, 3) scores
+    out_m, w_m = attention_reference(q, k, v, attend_mask=keep)
+
+    labels = [f"seq {i}" for i in range(3)]
+    body = heading("Padding mask")
+    body += para("A mask in attnlab is boolean, <b>True = may attend</b>. Every id 0 is padding and is hidden:")
+    body += code(f"ids {tuple(ids.shape)} -> padding_mask(ids) {tuple(mask.shape)} {mask.dtype}")
+    body += matrix(mask[:, 0, 0].int().numpy(), row_labels=labels, col_labels=[f"key {j}" for j in range(5)],
+                   caption="padding_mask, shown as 1 = attend, 0 = hidden", css="matrix mask")
+    body += check(agrees, "from_keep_mask on the seed's float mask (1 = keep) gives the same mask")
+    body += para("The ids themselves serve as scores. Without the mask the padding keeps a share of the weight;",
+                 "with it, padding gets exactly 0 and the real keys share the whole distribution.")
+    body += matrix(plain.numpy(), row_labels=labels, caption="softmax without the mask")
+    body += matrix(masked.numpy(), row_labels=labels, caption="masked_softmax with the padding mask")
+    body += check(pad_weight == 0.0 and rows_ok, f"weight on padding with the mask: {pad_weight}; every row sums to 1")
+    body += heading("Look-ahead mask")
+    body += para("causal_mask(4): row t may attend to keys 0..t. The first token sees only itself, the last sees all.")
+    body += matrix(look_ahead[0, 0].int().numpy(), row_labels=[f"q {i}" for i in range(4)],
+                   col_labels=[f"k {j}" for j in range(4)], caption="causal_mask(4), 1 = attend", css="matrix mask")
+    body += heading("Scaled dot-product attention")
+    body += para("softmax(QK<sup>T</sup> / sqrt(d<sub>k</sub>)) V for one query and three keys, with values",
+                 "[0, 0], [1, 0], [1, 0]: the output's first number is the weight on keys 1 and 2.")
+    body += code(
+        f"weights: {_round(w)}  sum = {float(w.sum()):.6f}\n"
+        f"output:  {_round(out)}\n"
+        f"with the last key hidden (attend_mask {keep.int().tolist()}, shape {tuple(keep.shape)}):\n"
+        f"weights: {_round(w_m)}  sum = {float(w_m.sum()):.6f}\n"
+        f"output:  {_round(out_m)}"
+    )
+    body += check(float(w_m[0, 2]) == 0.0, "the hidden key gets weight 0 and the other two renormalise")
+
+    numbers = {
+        "padding_mask": mask[:, 0, 0].int().tolist(),
+        "from_keep_mask_agrees": agrees,
+        "softmax_plain": plain.tolist(),
+        "softmax_masked": masked.tolist(),
+        "weight_on_padding": pad_weight,
+        "look_ahead_mask": look_ahead[0, 0].int().tolist(),
+        "attention": {"weights": w.tolist(), "output": out.tolist(),
+                      "masked_weights": w_m.tolist(), "masked_output": out_m.tolist()},
+    }
+    highlights = [("attention weights, unmasked / masked", f"{_round(w[0])} / {_round(w_m[0])}")]
+    return Section("masks", "Masks", numbers, body, highlights)

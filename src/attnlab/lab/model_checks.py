@@ -1,0 +1,124 @@
+"""Section 5: the model checks seed 000 prints, run on the project's own layers and preset.
+
+* one encoder layer (seed 000's fixture: width 4, 2 full-width heads, feed-forward 8): shape kept,
+  per-position mean 0 and standard deviation 1 after the layer norm, eval deterministic, train not;
+* the ``lab-toy`` preset (the seed's full-model test: 6 layers, width 4, 4 heads, 7,131 parameters):
+  output shape, rows that sum to 1, the attention dictionary, and the two exact zeros that shapes
+  alone would not show: no decoder self-attention weight above the diagonal, no cross-attention weight
+  on the padded source position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.lab import figures
+from attnlab.lab.html import Section, check, code, figure, heading, para, table
+from attnlab.nn import EncoderLayer, from_keep_mask
+from attnlab.presets import MODEL_PRESETS, build_preset
+
+SEED = 10  # the seed's keras.utils.set_random_seed(10)
+SOURCE = [[2, 1, 4, 3, 0]]  # the trailing 0 is padding
+TARGET = [[3, 2, 1, 0, 0]]
+
+
+def _encoder_layer_demo() -> tuple[dict, str]:
+    torch.manual_seed(SEED)
+    layer = EncoderLayer(4, 2, 8, head_dim=4)  # Keras key_dim=embedding_dim: each head is 4 wide
+    x = torch.tensor([[[1.0, 0.0, 1.0, 1.0]] * 3])  # (1, 3, 4)
+    mask = from_keep_mask(torch.tensor([[1.0, 1.0, 0.0]]))[:, None, None, :]  # (1, 1, 1, 3)
+    layer.eval()
+    with torch.no_grad():
+        a, _ = layer(x, attend_mask=mask)
+        b, _ = layer(x, attend_mask=mask)
+        layer.train()
+        c, _ = layer(x, attend_mask=mask)
+        d, _ = layer(x, attend_mask=mask)
+    layer.eval()
+    mean = a[0].mean(-1)
+    std = a[0].std(-1, unbiased=False)  # the population std, as np.std in the seed
+    eval_same, train_same = bool(torch.equal(a, b)), bool(torch.equal(c, d))
+    train_diff = float((c - d).abs().max())
+    body = heading("One encoder layer")
+    body += code(f"in {tuple(x.shape)} -> out {tuple(a.shape)}\n"
+                 f"per-position mean: {[round(v, 6) + 0.0 for v in mean.tolist()]}\n"
+                 f"per-position std:  {[round(v, 4) for v in std.tolist()]}")
+    body += check(eval_same, "two calls in eval mode give identical outputs (dropout off)")
+    body += check(not train_same, f"two calls in train mode differ (dropout on): largest difference {train_diff:.4f}")
+    numbers = {"output_shape": list(a.shape), "mean": mean.tolist(), "std": std.tolist(),
+               "eval_identical": eval_same, "train_identical": train_same, "train_max_difference": train_diff}
+    return numbers, body
+
+
+def model_section() -> Section:
+    """Section 5: the encoder layer and the lab-toy transformer."""
+    layer_numbers, body = _encoder_layer_demo()
+
+    torch.manual_seed(SEED)
+    model = build_preset("lab-toy").eval()
+    src, tgt = torch.tensor(SOURCE), torch.tensor(TARGET)
+    with torch.no_grad():
+        probs = model.probabilities(src, tgt)  # (1, 5, 35)
+        _, attention = model(src, tgt, return_attention=True)
+        again = model.probabilities(src, tgt)
+        model.train()
+        train_a, train_b = model.probabilities(src, tgt), model.probabilities(src, tgt)
+    model.eval()
+    params = model.num_parameters()
+    row_sums = probs.sum(-1)  # (1, 5)
+    self_keys = [k for k in attention if k.endswith("_self_att")]
+    cross_keys = [k for k in attention if k.endswith("_decenc_att")]
+    # Every head of every layer: total weight strictly above the diagonal, and on source column 4 (padding).
+    above = float(sum(torch.triu(attention[k], diagonal=1).sum() for k in self_keys))
+    pad_cols = (src == 0)[0]
+    on_pad = float(sum(attention[k][..., pad_cols].sum() for k in cross_keys))
+    last = len(self_keys)
+    self_map = attention[f"decoder_layer{last}_block1_self_att"][0, 0]
+    cross_map = attention[f"decoder_layer{last}_block2_decenc_att"][0, 0]
+    eval_same, train_same = bool(torch.equal(probs, again)), bool(torch.equal(train_a, train_b))
+    train_diff = float((train_a - train_b).abs().max())
+
+    body += heading("The full transformer (preset lab-toy)")
+    body += para(MODEL_PRESETS["lab-toy"].source + ".")
+    body += code(
+        f"source {SOURCE[0]}   target {TARGET[0]}   (0 = padding)\n"
+        f"output shape: {tuple(probs.shape)}  (batch, target positions, target vocabulary)\n"
+        f"row sums: {[round(v, 6) for v in row_sums[0].tolist()]}\n"
+        f"trainable parameters: {params:,}"
+    )
+    body += check(abs(float(row_sums.max()) - 1) < 1e-5 and abs(float(row_sums.min()) - 1) < 1e-5,
+                  "every output row is a distribution: it sums to 1")
+    body += check(params == 7131, f"{params:,} parameters, as the seed's Keras model counts")
+    body += table(["attention tensor", "shape"], [(k, str(tuple(v.shape))) for k, v in attention.items()])
+    body += heading("Two exact zeros")
+    body += para("The shapes above would be the same without any mask. The masks show only in the values:")
+    body += check(above == 0.0, f"decoder self-attention weight above the diagonal, all layers and heads: {above}")
+    body += check(on_pad == 0.0, f"cross-attention weight on the padded source position, all layers and heads: {on_pad}")
+    body += figure(figures.attention_maps([self_map.numpy(), cross_map.numpy()],
+                                          [f"layer {last}, head 0: self-attention", f"layer {last}, head 0: cross-attention"],
+                                          ["target position", "source position"], "target position"),
+                   "the last decoder layer's self- and cross-attention weights for head 0",
+                   "Self-attention is lower triangular (target positions 3 and 4 are padding, so their columns are "
+                   "hidden too); cross-attention leaves source position 4, the padding, at 0.")
+    body += heading("Eval against train mode")
+    body += check(eval_same, "two forward passes in eval mode are identical")
+    body += check(not train_same, f"two passes in train mode differ (dropout 0.1): largest difference {train_diff:.4f}")
+
+    numbers = {
+        "encoder_layer": layer_numbers,
+        "preset": "lab-toy",
+        "output_shape": list(probs.shape),
+        "row_sums": row_sums[0].tolist(),
+        "parameters": params,
+        "attention_shapes": {k: list(v.shape) for k, v in attention.items()},
+        "self_attention_above_diagonal": above,
+        "cross_attention_on_padding": on_pad,
+        "self_attention_last_layer_head0": self_map.tolist(),
+        "cross_attention_last_layer_head0": cross_map.tolist(),
+        "eval_identical": eval_same,
+        "train_identical": train_same,
+        "train_max_difference": train_diff,
+    }
+    highlights = [("lab-toy parameters", f"{params:,}"),
+                  ("self-attention above diagonal / cross-attention on padding", f"{above} / {on_pad}")]
+    return Section("model", "The model", numbers, body, highlights)

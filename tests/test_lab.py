@@ -1,0 +1,327 @@
+"""``attnlab lab``: numbers.json against an independent numpy/scipy computation on a small GloVe file, and
+bad input (one line, exit status 2, no report that looks complete). The default data (the kumo package)
+runs end to end in ``test_lab_browser.py``, which also opens that report in a browser."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from scipy.spatial import procrustes
+
+from attnlab.cli.main import cli
+from attnlab.errors import AttnlabError
+from attnlab.lab import run_lab
+from attnlab.lab.glove import load_text, width_from_name
+
+SENTENCE_0 = "king queen man woman dog wolf football basketball red green yellow".split()
+SENTENCE_1 = "man queen yellow basketball green dog woman football king red wolf".split()
+MISSING = "basketball"  # left out of the small file: its row must stay zero
+DIM = 12
+LENGTH = 40
+
+
+# ---------------------------------------------------------------- an independent reference, numpy only
+
+
+def np_encoding(positions: int, d: int) -> np.ndarray:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(same), written out with numpy."""
+    pe = np.zeros((positions, d))
+    for pos in range(positions):
+        for k in range(d):
+            angle = pos / 10000 ** (2 * (k // 2) / d)
+            pe[pos, k] = math.sin(angle) if k % 2 == 0 else math.cos(angle)
+    return pe
+
+
+def np_pca2(x: np.ndarray) -> np.ndarray:
+    """The first two principal-component scores by SVD of the centred data."""
+    centred = x - x.mean(axis=0)
+    u, s, _ = np.linalg.svd(centred, full_matrices=False)
+    return u[:, :2] * s[:2]
+
+
+def write_glove(path: Path, vectors: dict[str, np.ndarray]) -> None:
+    path.write_text("".join(w + " " + " ".join(f"{v:.6f}" for v in vec) + "\n" for w, vec in vectors.items()),
+                    encoding="utf-8")
+
+
+def small_vectors() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    words = ["the", ",", *[w for w in SENTENCE_0 if w != MISSING], "cat", "blue"]
+    # Values rounded as the file stores them, so the reference uses exactly what the lab reads.
+    return {w: np.round(rng.normal(0.0, 0.6, DIM), 6) for w in words}
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    """One lab run on a 12-wide GloVe-format file the test writes; returns (vectors, numbers, out)."""
+    root = tmp_path_factory.mktemp("lab")
+    vectors = small_vectors()
+    glove = root / f"tiny.{DIM}d.txt"
+    write_glove(glove, vectors)
+    result = run_lab(root / "report", glove=glove, max_length=LENGTH)
+    numbers = json.loads((root / "report" / "numbers.json").read_text())
+    assert numbers == json.loads(json.dumps(result.numbers))
+    return vectors, numbers, root / "report"
+
+
+def test_encoding_properties_match_numpy(small_run):
+    _, numbers, _ = small_run
+    enc = numbers["encoding"]
+    assert enc["d"] == DIM
+    pe = np_encoding(LENGTH, DIM)
+    assert set(enc["norms"]) == {"0", "34", str(LENGTH - 1)}
+    for pos, norm in enc["norms"].items():
+        assert norm == pytest.approx(np.linalg.norm(pe[int(pos)]), abs=1e-9)
+        assert norm == pytest.approx(math.sqrt(DIM / 2), abs=1e-9)
+    gaps = enc["gap_distances"]
+    assert gaps["k"] == 2 and set(gaps["values"]) == {"0", "10"}
+    for pos, dist in gaps["values"].items():
+        assert dist == pytest.approx(np.linalg.norm(pe[int(pos)] - pe[int(pos) + 2]), abs=1e-9)
+    # The odd width next to 12 is 13: its norms drift with the position, by the measured spread.
+    odd = enc["odd"]
+    pe_odd = np_encoding(LENGTH, DIM + 1)
+    norms_odd = np.linalg.norm(pe_odd, axis=1)
+    gaps_odd = np.linalg.norm(pe_odd[:-2] - pe_odd[2:], axis=1)
+    assert odd["d"] == DIM + 1
+    assert odd["norm_spread"] == pytest.approx(np.ptp(norms_odd), rel=1e-6)
+    assert odd["gap_distances"]["spread"] == pytest.approx(np.ptp(gaps_odd), rel=1e-6)
+    assert odd["norm_spread"] > 1e-6 and enc["norm_spread"] < 1e-12  # rounding noise only for even d
+    assert enc["angles"][1][:4] == pytest.approx([1.0, 1.0, 0.1, 0.1])
+    assert enc["table_shape"] == [50, 512]
+    assert enc["row0_first8"] == [0.0, 1.0] * 4
+    assert enc["row1_first8"] == pytest.approx([0.8415, 0.5403, 0.8219, 0.5697, 0.802, 0.5974, 0.7819, 0.6234])
+
+
+def reference_section3(vectors: dict[str, np.ndarray], d: int, length: int) -> tuple[dict, dict]:
+    """Red/wolf distances and disparities computed from scratch (numpy, scipy)."""
+    pe = np_encoding(length, d)
+
+    def embed(sentence: list[str]) -> np.ndarray:
+        return np.stack([vectors.get(w, np.zeros(d)).astype(np.float64) for w in sentence])
+
+    red_wolf = {}
+    for name, sentence in (("sentence0", SENTENCE_0), ("sentence1", SENTENCE_1)):
+        e = embed(sentence)
+        r, w = sentence.index("red"), sentence.index("wolf")
+        red_wolf[name] = {
+            "gap": abs(r - w),
+            "semantic": float(np.linalg.norm(e[r] - e[w])),
+            "with_position": float(np.linalg.norm((e + pe[:11])[r] - (e + pe[:11])[w])),
+        }
+    e1 = embed(SENTENCE_1)
+    semantic = np_pca2(e1)
+    disparity = {}
+    for key, (w1, w2) in {"1:10": (1, 10), "1:1": (1, 1), "10:1": (10, 1), "sqrt_d:1": (math.sqrt(d), 1)}.items():
+        disparity[key] = procrustes(semantic, np_pca2(w1 * e1 + w2 * pe[:11]))[2]
+    return red_wolf, disparity
+
+
+def test_glove_numbers_match_numpy_and_scipy(small_run):
+    vectors, numbers, _ = small_run
+    glove = numbers["glove"]
+    assert glove["dim"] == DIM
+    assert "tiny.12d.txt" in glove["source"]
+    assert glove["missing_words"] == [MISSING]
+    assert glove["word_index"] == {w: i + 1 for i, w in enumerate(SENTENCE_0)}
+    assert glove["sequences"][1] == [SENTENCE_0.index(w) + 1 for w in SENTENCE_1]
+    assert glove["padded_shape"] == [2, LENGTH]
+    red_wolf, disparity = reference_section3(vectors, DIM, LENGTH)
+    for name in ("sentence0", "sentence1"):
+        assert glove["red_wolf"][name]["gap"] == red_wolf[name]["gap"]
+        assert glove["red_wolf"][name]["semantic"] == pytest.approx(red_wolf[name]["semantic"], rel=1e-6)
+        assert glove["red_wolf"][name]["with_position"] == pytest.approx(red_wolf[name]["with_position"], rel=1e-6)
+    assert [glove["red_wolf"]["sentence0"]["gap"], glove["red_wolf"]["sentence1"]["gap"]] == [3, 1]
+    assert list(glove["disparity"]) == ["1:10", "1:1", "10:1", "sqrt_d:1"]
+    for key, value in disparity.items():
+        assert glove["disparity"][key] == pytest.approx(value, abs=1e-6)
+
+
+def test_masks_model_order_and_explorer_numbers(small_run):
+    _, numbers, _ = small_run
+    masks = numbers["masks"]
+    assert masks["padding_mask"] == [[1, 1, 0, 0, 1], [1, 1, 1, 0, 0], [0, 0, 0, 1, 1]]
+    assert masks["softmax_masked"][2] == pytest.approx([0, 0, 0, 0.2689, 0.7311], abs=1e-4)
+    assert masks["softmax_plain"][1] == pytest.approx([0.0844, 0.2295, 0.6239, 0.0311, 0.0311], abs=1e-4)
+    assert masks["look_ahead_mask"] == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+    assert masks["attention"]["weights"][0] == pytest.approx([0.3837, 0.2327, 0.3837], abs=1e-4)
+    assert masks["attention"]["masked_weights"][0] == pytest.approx([0.6225, 0.3775, 0.0], abs=1e-4)
+    model = numbers["model"]
+    assert model["parameters"] == 7131
+    assert model["self_attention_above_diagonal"] == 0.0
+    assert model["cross_attention_on_padding"] == 0.0
+    assert model["output_shape"] == [1, 5, 35]
+    assert model["row_sums"] == pytest.approx([1.0] * 5, abs=1e-5)
+    assert len(model["attention_shapes"]) == 12
+    assert model["attention_shapes"]["decoder_layer6_block2_decenc_att"] == [1, 4, 5, 5]
+    assert model["eval_identical"] and not model["train_identical"]
+    assert model["encoder_layer"]["std"] == pytest.approx([1.0] * 3, abs=1e-3)
+    order = numbers["order"]
+    assert order["none"]["same"] and order["none"]["use_equal"]
+    assert not order["learned"]["same"] and not order["sinusoidal"]["same"]
+    explorer = numbers["explorer"]
+    assert explorer["hidden_counts"] == {"none": 0, "padding": 12, "causal": 15, "both": 18}
+    for entry in explorer["masks"].values():
+        assert entry["row_sums"] == pytest.approx([1.0] * 6, abs=1e-5)
+        hidden = np.array(entry["hidden"])
+        assert np.array(entry["weights"])[hidden].sum() == 0.0
+
+
+def test_page_is_self_contained_with_every_section(small_run):
+    _, _, out = small_run
+    page = (out / "index.html").read_text()
+    for key in ("angles", "encoding", "glove", "masks", "model", "order", "explorer"):
+        assert f'<section id="{key}">' in page
+    assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing to fetch when the page is opened
+    assert "<link" not in page
+    assert page.count('src="data:image/png;base64,') >= 7
+    assert sorted(p.name for p in out.iterdir()) == ["index.html", "numbers.json"]
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def run_cli(*args: str):
+    return CliRunner().invoke(cli, ["lab", *args])
+
+
+def assert_one_line_error(result, *fragments: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+    assert "Traceback" not in result.output
+
+
+def assert_no_report(parent: Path) -> None:
+    """No index.html or numbers.json anywhere under ``parent``, and no staging folder left behind."""
+    assert not list(parent.rglob("index.html")) and not list(parent.rglob("numbers.json"))
+    assert not [p for p in parent.rglob("*") if ".partial-" in p.name]
+
+
+@pytest.fixture
+def glove_file(tmp_path):
+    path = tmp_path / "vectors.txt"
+    write_glove(path, small_vectors())
+    return path
+
+
+def test_missing_glove_file(tmp_path):
+    result = run_cli("--out", str(tmp_path / "r"), "--glove", str(tmp_path / "nope.txt"))
+    assert_one_line_error(result, "not found", "nope.txt")
+    assert_no_report(tmp_path)
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("king 0.1 0.2 0.3\nqueen 0.1 0.2\n", "2 values after 'queen'"),
+    ("king 0.1 0.2 0.3\nqueen 0.1 zero 0.3\n", "not all numbers"),
+    ("king some words\nqueen more words\n", "not all numbers"),
+    ("lonely\n", "no numbers"),
+    ("", "no word vectors"),
+])
+def test_malformed_glove_file(tmp_path, content, fragment):
+    path = tmp_path / "bad.txt"
+    path.write_text(content, encoding="utf-8")
+    result = run_cli("--out", str(tmp_path / "r"), "--glove", str(path))
+    assert_one_line_error(result, fragment, "bad.txt")
+    assert_no_report(tmp_path)
+
+
+def test_binary_glove_file(tmp_path):
+    path = tmp_path / "glove.zip"
+    path.write_bytes(b"PK\x03\x04\x14\x00\x00\x00\x08\x00\xff\xfe\x80\x81")
+    assert_one_line_error(run_cli("--out", str(tmp_path / "r"), "--glove", str(path)), "not a UTF-8 text file")
+    assert_no_report(tmp_path)
+
+
+def test_width_other_than_requested(tmp_path, glove_file):
+    result = run_cli("--out", str(tmp_path / "r"), "--glove", str(glove_file), "--dim", "100")
+    assert_one_line_error(result, f"holds {DIM}-wide vectors", "100 was requested")
+    misnamed = tmp_path / "glove.6B.100d.txt"  # the name promises 100, the file holds 12
+    misnamed.write_text(glove_file.read_text())
+    assert_one_line_error(run_cli("--out", str(tmp_path / "r"), "--glove", str(misnamed)), "100 was announced")
+    assert_one_line_error(run_cli("--out", str(tmp_path / "r"), "--dim", "100"), "embedded GloVe vectors are 50-wide")
+    assert_no_report(tmp_path)
+
+
+def test_unwritable_output_folder(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert_one_line_error(run_cli("--out", str(blocker / "report")), "cannot write the report", "a-file")
+    assert_one_line_error(run_cli("--out", str(blocker)), "exists and is not a folder")
+    assert blocker.read_text() == "not a folder"
+    assert_no_report(tmp_path)
+
+
+def test_read_only_output_folder(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    # Root ignores permission bits, so there a folder of a read-only file system stands in.
+    target = locked / "report" if os.geteuid() != 0 else Path("/sys/attnlab-lab-test/report")
+    try:
+        probe = target.parent / "probe"
+        try:
+            probe.mkdir(parents=True)
+        except OSError:
+            pass  # good: nothing can be created there
+        else:
+            probe.rmdir()
+            pytest.skip(f"{target.parent} is writable here")
+        assert_one_line_error(run_cli("--out", str(target)), "cannot write the report", str(target))
+        assert not target.exists()
+    finally:
+        locked.chmod(0o700)
+    assert_no_report(tmp_path)
+
+
+def test_bad_max_length(tmp_path):
+    assert_one_line_error(run_cli("--out", str(tmp_path / "r"), "--max-length", "5"), "--max-length")
+    assert_no_report(tmp_path)
+
+
+def test_failure_midway_leaves_nothing_that_looks_complete(tmp_path, glove_file, monkeypatch):
+    import attnlab.lab.encoding
+
+    def broken(d, max_length):  # section 2 fails after section 1 has been computed
+        raise AttnlabError("simulated failure in a section")
+
+    monkeypatch.setattr(attnlab.lab.encoding, "properties_section", broken)
+    with pytest.raises(AttnlabError, match="simulated"):
+        run_lab(tmp_path / "fresh", glove=glove_file)
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    (existing / "notes.txt").write_text("keep me")
+    with pytest.raises(AttnlabError, match="simulated"):
+        run_lab(existing, glove=glove_file)
+    assert not (tmp_path / "fresh").exists()
+    assert sorted(p.name for p in existing.iterdir()) == ["notes.txt"]
+    assert_no_report(tmp_path)
+
+
+# ---------------------------------------------------------------- the text reader
+
+
+def test_text_reader_keeps_only_needed_words_and_skips_a_header(tmp_path):
+    path = tmp_path / "w2v.txt"
+    path.write_text("3 2\nking 1 2\nqueen  3   4\nzebra 5 6\n", encoding="utf-8")
+    vectors = load_text(path, ["king", "queen", "absent"])
+    assert vectors.dim == 2 and vectors.total_words == 3
+    assert sorted(vectors.vectors) == ["king", "queen"]
+    assert vectors.vectors["queen"].tolist() == [3.0, 4.0]
+    with pytest.raises(AttnlabError, match="3 was requested"):
+        load_text(path, ["king"], dim=3)
+
+
+def test_width_from_name():
+    assert width_from_name("glove.6B.100d.txt") == 100
+    assert width_from_name("/x/glove.twitter.27B.25d.txt") == 25
+    assert width_from_name("vectors.txt") is None
