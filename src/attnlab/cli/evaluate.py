@@ -8,6 +8,8 @@ from attnlab.cli.lazy import LazyGroup
 
 #: task name -> "module:attribute" of its click command.
 EVAL_COMMANDS: dict[str, str] = {
+    "classify": "attnlab.cli.eval_classify:eval_classify",
+    "translate": "attnlab.cli.eval_translate:eval_translate",
 }
 
 

@@ -24,6 +24,12 @@ COMMANDS: dict[str, str] = {
     "lab": "attnlab.cli.lab:lab",
     "train": "attnlab.cli.train:train",
     "eval": "attnlab.cli.evaluate:evaluate",
+    "predict": "attnlab.cli.predict:predict",
+    "probe": "attnlab.cli.probe:probe",
+    "translate": "attnlab.cli.translate:translate",
+    "attention": "attnlab.cli.attention:attention",
+    "generate": "attnlab.cli.generate:generate_cmd",
+    "experiment": "attnlab.cli.experiment:experiment",
 }
 
 

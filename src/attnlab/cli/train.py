@@ -8,6 +8,9 @@ from attnlab.cli.lazy import LazyGroup
 
 #: task name -> "module:attribute" of its click command.
 TRAIN_COMMANDS: dict[str, str] = {
+    "translate": "attnlab.cli.train_translate:train_translate",
+    "lm": "attnlab.cli.train_lm:train_lm",
+    "classify": "attnlab.cli.train_classify:train_classify",
 }
 
 

@@ -28,11 +28,13 @@ from torch import nn
 from attnlab.errors import AttnlabError
 from attnlab.files import atomic_dir, atomic_path, recover_dir, write_json_atomic
 from attnlab.nn.models import DecoderLM, EncoderClassifier, Transformer
+from attnlab.tasks.classify_models import TextClassifier
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "Transformer": Transformer,
     "EncoderClassifier": EncoderClassifier,
     "DecoderLM": DecoderLM,
+    "TextClassifier": TextClassifier,
 }
 
 CONFIG, WEIGHTS, CHECKPOINT = "config.json", "model.safetensors", "checkpoint"

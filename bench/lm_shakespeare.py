@@ -1,0 +1,156 @@
+"""Benchmark: character-level Shakespeare against nanoGPT's CPU recipe (issue 6). Not a timed test.
+
+Runs, one after the other in this one invocation, the exact commands a user would type:
+
+1. ``attnlab train lm --text INPUT --preset shakespeare-fast``: wall time to the final validation loss,
+   against nanoGPT's 99 s and 1.886 (target: loss <= 1.88 in at most half the time);
+2. ``attnlab train lm --text INPUT --preset nanogpt-cpu``: nanoGPT's configuration in float32, its steady
+   training throughput against nanoGPT's ~17,000 tokens/s (target: >= 1.3x), and its validation loss;
+3. ``attnlab generate`` on run 2, 500 new tokens, with and without the KV cache (issue: >= 5x faster).
+
+The nanoGPT figures are the issue's reference measurements (nanoGPT run on this machine kind on
+2026-11-29), NOT re-measured here: nanoGPT's repository cannot be fetched on this machine. Every attnlab
+figure is measured in this run, and the machine's float32 matmul peak is measured inside each training
+run. The load average is printed before and after: other processes on the machine distort every figure.
+
+    python bench/lm_shakespeare.py [--text PATH] [--out DIR] [--skip-nanogpt] [--skip-fast] [--warm-cache]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TEXT = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+
+#: The issue's nanoGPT reference (its CPU recipe on this machine kind), not measured by this script.
+NANOGPT = {"val_loss": 1.886, "wall_seconds": 99.0, "tokens_per_second": 17_000.0}
+TARGET_TIME_FRACTION, TARGET_LOSS, TARGET_THROUGHPUT = 0.5, 1.88, 1.3
+
+
+def attnlab(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
+    """Run the attnlab command line (this interpreter's), stream its stdout, return it and its wall time."""
+    cmd = [sys.executable, "-m", "attnlab.cli.main", *args]
+    print("$ attnlab " + " ".join(args), flush=True)
+    start = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    sys.stdout.write("".join("    " + line + "\n" for line in done.stdout.splitlines()))
+    if done.returncode != 0:
+        sys.stdout.write(done.stderr)
+        raise SystemExit(f"command failed with status {done.returncode}")
+    return done, seconds
+
+
+def gemm_ceiling(batch: int = 12, context: int = 64, width: int = 128, layers: int = 4, heads: int = 4,
+                 vocab: int = 66, repeats: int = 5) -> float:
+    """Tokens/s if a training step did nothing but its matrix products (the best of ``repeats``).
+
+    Every product of one step of the nanoGPT configuration, at its real shapes: per layer the four weight
+    matmuls (qkv, attention output, feed-forward up and down) forward, and for each the two backward
+    products (input and weight gradients); attention's two batched products per head forward and four
+    backward; the output layer. No real training step can be faster on this machine.
+    """
+    import torch
+
+    m, d, hd = batch * context, width, width // heads
+    shapes = []  # (a, b) pairs to multiply
+    for n_in, n_out in ((d, 3 * d), (d, d), (d, 4 * d), (4 * d, d)):
+        shapes += [((m, n_in), (n_in, n_out)), ((m, n_out), (n_out, n_in)), ((n_out, m), (m, n_in))]
+    shapes = shapes * layers
+    shapes += [((m, d), (d, vocab)), ((m, vocab), (vocab, d)), ((vocab, m), (m, d))]
+    bh = (batch * heads,)
+    attention = [((context, hd), (hd, context)), ((context, context), (context, hd))] * 3  # forward + 2x backward
+    shapes += [((*bh, *a), (*bh, *b)) for a, b in attention] * layers
+    pairs = [(torch.randn(*a), torch.randn(*b)) for a, b in shapes]
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first round warms MKL up
+        start = time.perf_counter()
+        for a, b in pairs:
+            torch.matmul(a, b)
+        best = min(best, time.perf_counter() - start)
+    return m / best
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
+
+
+def train(text: Path, out: Path, preset: str, env: dict[str, str]) -> tuple[dict, float]:
+    _, seconds = attnlab("train", "lm", "--text", str(text), "--preset", preset, "--out", str(out), "--no-progress",
+                         env=env)
+    return json.loads((out / "result.json").read_text()), seconds
+
+
+def generation_rate(run: Path, cache: bool, env: dict[str, str]) -> float:
+    args = ["generate", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "500", "--seed", "0"]
+    done, _ = attnlab(*args, *([] if cache else ["--no-cache"]), env=env)
+    seconds = float(re.search(r"tokens in ([0-9.]+) s", done.stderr).group(1))
+    print("    " + done.stderr.strip())
+    return 500 / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--text", type=Path, default=DEFAULT_TEXT)
+    parser.add_argument("--out", type=Path, default=None, help="Folder for the runs (default: a temporary one).")
+    parser.add_argument("--skip-fast", action="store_true", help="Skip the shakespeare-fast run.")
+    parser.add_argument("--skip-nanogpt", action="store_true", help="Skip the nanogpt-cpu run and generation.")
+    parser.add_argument("--warm-cache", action="store_true",
+                        help="Let torch.compile reuse its on-disk cache (default: a fresh one, so compilation is "
+                             "timed as a first run pays it).")
+    args = parser.parse_args()
+    if not args.text.is_file():
+        raise SystemExit(f"no text file {args.text} (tinyshakespeare's input.txt)")
+    out = args.out or Path(tempfile.mkdtemp(prefix="lm_shakespeare_"))
+    env = dict(os.environ)
+    if not args.warm_cache:
+        env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor_cache_")
+    print(f"before: {load()}")
+    rows = []
+    if not args.skip_fast:
+        fast, seconds = train(args.text, out / "fast", "shakespeare-fast", env)
+        ratio = fast["wall_seconds"] / NANOGPT["wall_seconds"]
+        ok = fast["val_loss"] <= TARGET_LOSS and ratio <= TARGET_TIME_FRACTION
+        rows.append(f"(a) shakespeare-fast: val loss {fast['val_loss']:.4f} (nanoGPT {NANOGPT['val_loss']}) in "
+                    f"{fast['wall_seconds']:.1f} s = {ratio:.2f} x nanoGPT's {NANOGPT['wall_seconds']:.0f} s "
+                    f"(command total with start-up and peak measurement {seconds:.1f} s = "
+                    f"{seconds / NANOGPT['wall_seconds']:.2f} x); target loss <= {TARGET_LOSS} in <= "
+                    f"{TARGET_TIME_FRACTION:.1f} x: {'MET' if ok else 'NOT MET'}")
+        rows.append(f"    {fast['steady_tokens_per_second']:,.0f} tokens/s steady, {fast['peak_fraction']:.1%} of the "
+                    f"measured peak {fast['peak_flops'] / 1e9:.1f} GFLOP/s")
+    if not args.skip_nanogpt:
+        base, _ = train(args.text, out / "nanogpt", "nanogpt-cpu", env)
+        ratio = base["steady_tokens_per_second"] / NANOGPT["tokens_per_second"]
+        rows.append(f"(b) nanogpt-cpu, float32: {base['steady_tokens_per_second']:,.0f} training tokens/s steady = "
+                    f"{ratio:.2f} x nanoGPT's {NANOGPT['tokens_per_second']:,.0f}; target >= {TARGET_THROUGHPUT} x: "
+                    f"{'MET' if ratio >= TARGET_THROUGHPUT else 'NOT MET'}")
+        rows.append(f"    {base['peak_fraction']:.1%} of the measured peak {base['peak_flops'] / 1e9:.1f} GFLOP/s; "
+                    f"val loss {base['val_loss']:.4f} after {base['steps']} steps in {base['wall_seconds']:.1f} s "
+                    f"(nanoGPT: {NANOGPT['val_loss']} in {NANOGPT['wall_seconds']:.0f} s)")
+        cached = generation_rate(out / "nanogpt", True, env)
+        uncached = generation_rate(out / "nanogpt", False, env)
+        rows.append(f"(c) generate 500 tokens: {cached:,.0f} tokens/s with the KV cache, {uncached:,.0f} without "
+                    f"= {cached / uncached:.2f} x")
+    ceiling = gemm_ceiling()
+    rows.append(f"(d) ceiling: the matrix products alone of one nanoGPT-configuration step run at {ceiling:,.0f} "
+                f"tokens/s on this machine now; nanoGPT's reference {NANOGPT['tokens_per_second']:,.0f} is "
+                f"{NANOGPT['tokens_per_second'] / ceiling:.2f} x that")
+    print(f"after: {load()}")
+    print("\nnanoGPT figures are the issue's reference measurements, not re-measured in this run.")
+    for row in rows:
+        print(row)
+    print(f"runs in {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Benchmark: training tokens per second of ``attnlab train translate`` against a plain ``torch.nn.Transformer`` loop.
+
+Both train the same shape on Multi30k German->English (the recipe's d 256, 3+3 layers, 4 heads, ff 1024,
+joint BPE, shared and tied embeddings, label smoothing 0.1, AdamW, dropout 0.1) and are timed in
+alternating rounds of a few steps each, so the noise of a shared machine hits both alike. Three loops:
+
+* ``attnlab``: the real engine step (``Trainer._step``) on the task's length-bucketed token batches;
+* ``plain``: the plain recipe, ``torch.nn.Transformer`` on random batches of ``--plain-batch`` sentences,
+  loss over all positions with ``ignore_index`` (what most tutorials do);
+* ``nn-bucketed``: ``torch.nn.Transformer`` fed attnlab's bucketed batches (isolates the model from batching).
+
+Tokens are *real* tokens: source tokens (with eos) plus predicted target tokens (with eos), never padding.
+
+    python bench/translate_throughput.py [--data ../shared/data/multi30k] [--rounds 4] [--steps 6] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.data import PAD_ID, BPETokenizer
+from attnlab.tasks.parallel_data import collate, encode_pairs, read_parallel, real_tokens, token_batches
+from attnlab.tasks.translate import RECIPE_MODEL, RECIPE_TRAIN, TranslateSettings, TranslationTask, build_model
+from attnlab.training import TrainConfig, Trainer
+
+
+class PlainTransformer(nn.Module):
+    """The plain recipe: shared embedding x sqrt(d) + sinusoidal positions -> nn.Transformer -> tied output."""
+
+    def __init__(self, vocab: int, d: int, heads: int, layers: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.d, self.dropout = d, dropout
+        self.embed = nn.Embedding(vocab, d, padding_idx=PAD_ID)
+        self.body = nn.Transformer(d, heads, layers, layers, d_ff, dropout, batch_first=True)
+        self.out = nn.Linear(d, vocab)
+        self.out.weight = self.embed.weight
+        pos = torch.arange(512)[:, None]
+        div = torch.exp(torch.arange(0, d, 2) * (-math.log(10000.0) / d))
+        pe = torch.zeros(512, d)
+        pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
+        self.register_buffer("pe", pe, persistent=False)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.dropout(self.embed(ids) * math.sqrt(self.d) + self.pe[: ids.shape[1]], self.dropout, self.training)
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        # torch's convention: True = hidden (attnlab's attend masks are the opposite).
+        causal = torch.ones(tgt.shape[1], tgt.shape[1], dtype=torch.bool).triu(1)
+        pad_src, pad_tgt = src == PAD_ID, tgt == PAD_ID
+        states = self.body(self._embed(src), self._embed(tgt), tgt_mask=causal, src_key_padding_mask=pad_src,
+                           tgt_key_padding_mask=pad_tgt, memory_key_padding_mask=pad_src)
+        return self.out(states)
+
+
+def plain_step(model: nn.Module, opt: torch.optim.Optimizer, data: dict[str, torch.Tensor]) -> int:
+    """One optimiser step of the plain loop; returns the real tokens it trained on."""
+    model.train()
+    logits = model(data["src"], data["tgt_in"])
+    count = real_tokens(data["tgt_out"])
+    loss = F.cross_entropy(logits.flatten(0, 1), data["tgt_out"].flatten(), ignore_index=PAD_ID, label_smoothing=0.1)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return real_tokens(data["src"]) + count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
+    parser.add_argument("--rounds", type=int, default=4, help="alternating rounds")
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per loop per round")
+    parser.add_argument("--vocab-size", type=int, default=TranslateSettings.vocab_size)
+    parser.add_argument("--max-tokens", type=int, default=TranslateSettings.max_tokens)
+    parser.add_argument("--plain-batch", type=int, default=128, help="sentences per batch of the plain loop")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    src, tgt = read_parallel(Path(args.data) / "train", "de", "en")
+    tok = BPETokenizer.train(src + tgt, vocab_size=args.vocab_size)
+    m = RECIPE_MODEL
+    pairs = encode_pairs(tok.encode_batch(src), tok.encode_batch(tgt), m["max_src_positions"], m["max_tgt_positions"], "train")
+    settings = TranslateSettings(vocab_size=args.vocab_size, max_tokens=args.max_tokens)
+
+    torch.manual_seed(0)
+    ours = build_model((tok.vocab_size, tok.vocab_size), RECIPE_MODEL, share_embeddings=True, tie_output=True)
+    task = TranslationTask(pairs, pairs, [], [], tok, settings)
+    config = TrainConfig(**{**RECIPE_TRAIN, "progress": False, "device": "cpu"})
+    trainer = Trainer(ours, task, config, Path("/tmp") / "attnlab-throughput")
+    batches = trainer._micro_batches()
+
+    def plain_model() -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = PlainTransformer(tok.vocab_size, m["d_model"], m["num_heads"], m["num_layers"], m["d_ff"], m["dropout"])
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), foreach=True)
+
+    plain, plain_opt = plain_model()
+    bucketed, bucketed_opt = plain_model()
+    g = torch.Generator().manual_seed(0)
+    order = torch.randperm(len(pairs), generator=g).tolist()
+    random_batches = iter([order[i : i + args.plain_batch] for i in range(0, len(order), args.plain_batch)])
+    our_batches = iter(token_batches(pairs, max_tokens=args.max_tokens, seed=1, epoch=0))
+
+    def run_attnlab() -> int:
+        _, tokens = trainer._step([next(batches)])
+        return tokens
+
+    loops = {
+        "attnlab": run_attnlab,
+        "plain": lambda: plain_step(plain, plain_opt, collate(pairs, next(random_batches))),
+        "nn-bucketed": lambda: plain_step(bucketed, bucketed_opt, collate(pairs, next(our_batches))),
+    }
+    for fn in loops.values():  # warm-up: allocator, kernels, first batches
+        fn()
+    rates: dict[str, list[float]] = {name: [] for name in loops}
+    for _ in range(args.rounds):
+        for name, fn in loops.items():
+            start, tokens = time.perf_counter(), 0
+            for _ in range(args.steps):
+                tokens += fn()
+            rates[name].append(tokens / (time.perf_counter() - start))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, vocab {tok.vocab_size}, "
+          f"{args.rounds} rounds x {args.steps} steps per loop; real (non-padding) tokens per second")
+    for name, values in rates.items():
+        print(f"  {name:<12} median {statistics.median(values):8.0f} tok/s   rounds: "
+              + ", ".join(f"{v:.0f}" for v in values))
+    ours_rate = statistics.median(rates["attnlab"])
+    print(f"ratio attnlab / plain:       {ours_rate / statistics.median(rates['plain']):.2f}")
+    print(f"ratio attnlab / nn-bucketed: {ours_rate / statistics.median(rates['nn-bucketed']):.2f}")
+
+
+if __name__ == "__main__":
+    main()

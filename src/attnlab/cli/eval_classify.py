@@ -1,0 +1,54 @@
+"""``attnlab eval classify RUN --data D.csv``: accuracy, macro-F1, per-class table and confusion matrix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from attnlab.tasks.classify import load_classifier
+from attnlab.tasks.classify_eval import draw_confusion, evaluate_table
+from attnlab.tasks.tables import read_table
+
+
+@click.command("classify")
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("--data", "data", type=click.Path(path_type=Path), required=True, help="Labelled table (.csv or .jsonl).")
+@click.option("--text-column", default=None, help="[default: the run's]")
+@click.option("--label-column", default=None, help="[default: the run's, else 'label' or the one other column]")
+@click.option("--confusion", type=click.Path(path_type=Path), default=None,
+              help="Where to draw the confusion matrix. [default: RUN/confusion-<data name>.png]")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+def eval_classify(run: Path, data: Path, text_column: str | None, label_column: str | None, confusion: Path | None,
+                  as_json: bool) -> None:
+    """Score the run RUN on the labelled table --data."""
+    clf = load_classifier(run)
+    table = read_table(data, text_column=text_column or clf.config.get("text_column", "text"),
+                       label_column=label_column, prefer_label_column=clf.config.get("label_column"))
+    evaluation, truth, predicted = evaluate_table(clf, table)
+    png = confusion or Path(run) / f"confusion-{Path(data).stem}.png"
+    evaluation.confusion_png = str(draw_confusion(truth, predicted, clf.labels, png))
+    if as_json:
+        click.echo(json.dumps(evaluation.as_dict()))
+        return
+    console = Console()
+    per_class = RichTable(title=f"{data}: per class", title_justify="left")
+    for name, justify in (("label", "left"), ("precision", "right"), ("recall", "right"), ("f1", "right"),
+                          ("support", "right")):
+        per_class.add_column(name, justify=justify)
+    for row in evaluation.per_class:
+        per_class.add_row(row["label"], f"{row['precision']:.3f}", f"{row['recall']:.3f}", f"{row['f1']:.3f}",
+                          str(row["support"]))
+    console.print(per_class)
+    if evaluation.unseen:
+        listed = ", ".join(f"{lab} ({n})" for lab, n in evaluation.unseen.items())
+        click.echo(f"labels not seen in training, counted as errors: {listed}")
+    if evaluation.truncated:
+        click.echo(f"{evaluation.truncated} texts were cut to the model's {clf.max_len} positions")
+    click.echo(f"confusion matrix: {evaluation.confusion_png}")
+    click.echo(f"accuracy {evaluation.accuracy:.2%} ({evaluation.correct}/{evaluation.total}) | "
+               f"macro-F1 {evaluation.macro_f1:.4f}")
+

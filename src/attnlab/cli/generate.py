@@ -1,0 +1,75 @@
+"""``attnlab generate RUN``: continue a prompt with a trained language model, streaming the text."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from attnlab.cli import omp_passive  # noqa: F401  (before torch is imported)
+from attnlab.data.tokenizers import CharTokenizer, load_tokenizer
+from attnlab.errors import AttnlabError
+from attnlab.tasks.lm import TASK_NAME, TOKENIZER_FILE
+from attnlab.tasks.sampling import check_sampling, generate
+from attnlab.training.checkpoint import load_run
+
+
+@click.command("generate")
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("--prompt", required=True, help="Text to continue (at least one token; characters the model knows).")
+@click.option("--max-new-tokens", type=int, default=200, show_default=True, help="Tokens to generate (>= 1).")
+@click.option("--temperature", type=float, default=1.0, show_default=True, help="Divides the logits (> 0).")
+@click.option("--top-k", type=int, default=None, help="Sample among the K most likely tokens only.")
+@click.option("--top-p", type=float, default=None, help="Sample among the most likely tokens holding P of the mass.")
+@click.option("--seed", type=int, default=None, help="Seed of the sampling; the same seed gives the same text.")
+@click.option("--greedy", is_flag=True, help="Always take the most likely token (ignores temperature, top-k, top-p).")
+@click.option("--no-cache", is_flag=True, help="Recompute the whole window every step instead of using the KV cache.")
+def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None,
+                 top_p: float | None, seed: int | None, greedy: bool, no_cache: bool) -> None:
+    """Continue PROMPT with the language model in RUN (a folder written by `attnlab train lm`).
+
+    The prompt is printed, then each token as soon as it is chosen; a line on stderr gives the rate.
+    Past the model's context the window slides (the last half context is re-read), so any length works.
+    """
+    if max_new_tokens < 1:
+        raise AttnlabError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if not prompt:
+        raise AttnlabError("--prompt is empty: give at least one character to continue")
+    if not greedy:
+        check_sampling(temperature, top_k, top_p)
+    model, _ = load_run(run, task=TASK_NAME)
+    tokenizer = load_tokenizer(run / TOKENIZER_FILE)
+    prompt_ids = tokenizer.encode(prompt)
+    if not prompt_ids:
+        raise AttnlabError(f"--prompt {prompt!r} encodes to no tokens; give some text the model knows")
+    out = sys.stdout
+    out.write(prompt)
+    out.flush()
+    started = time.perf_counter()
+    tokens = generate(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                      greedy=greedy, seed=seed, use_cache=not no_cache, banned=[tokenizer.pad_id])
+    count = 0
+    if isinstance(tokenizer, CharTokenizer):
+        for token in tokens:  # one character per token: decode it alone
+            out.write(tokenizer.decode([token]))
+            out.flush()
+            count += 1
+    else:
+        # Subword pieces carry their spaces as markers that only decode right in context: decode the whole
+        # text each time and print what is new.
+        base = tokenizer.decode(prompt_ids)
+        generated: list[int] = []
+        printed = 0
+        for token in tokens:
+            generated.append(token)
+            text = tokenizer.decode(prompt_ids + generated)
+            new = text[len(base):] if text.startswith(base) else tokenizer.decode(generated)
+            out.write(new[printed:])
+            out.flush()
+            printed, count = len(new), count + 1
+    out.write("\n")
+    seconds = time.perf_counter() - started
+    mode = "no cache" if no_cache else "KV cache"
+    click.echo(f"{count} tokens in {seconds:.2f} s ({count / max(seconds, 1e-9):,.0f} tokens/s, {mode})", err=True)

@@ -1,0 +1,50 @@
+"""``attnlab predict RUN "text" ...``: the label and scores of each text (or of each stdin line)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+import torch
+
+from attnlab.errors import AttnlabError
+from attnlab.tasks.classify import load_classifier
+
+
+@click.command("predict")
+@click.argument("run", type=click.Path(path_type=Path))
+@click.argument("texts", nargs=-1)
+@click.option("--top", "top", type=int, default=3, show_default=True, help="Scores shown per text (best first).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per text (JSON lines).")
+def predict(run: Path, texts: tuple[str, ...], top: int, as_json: bool) -> None:
+    """Predict the label of each TEXT with the classifier in RUN; with no TEXT, read one text a line from stdin.
+
+    Plain output is one tab-separated line per text: label, its probability, the next best labels with
+    theirs, and the text. Probabilities are the softmax of the model's scores.
+    """
+    clf = load_classifier(run)
+    items = list(texts) if texts else [line.rstrip("\n") for line in sys.stdin]
+    items = [t for t in items if t.strip()]
+    if not items:
+        raise AttnlabError("no text to classify: give texts as arguments or one a line on stdin")
+    encoded = clf.encode(items)
+    logits = clf.logits(encoded.ids)
+    probabilities = torch.softmax(logits, dim=1)
+    k = max(1, min(top, len(clf.labels)))
+    best_p, best_i = probabilities.topk(k, dim=1)
+    for text, ids, row_logits, ps, idx in zip(items, encoded.ids, logits, best_p.tolist(), best_i.tolist()):
+        labels = [clf.labels[i] for i in idx]
+        if as_json:
+            click.echo(json.dumps({
+                "text": text, "label": labels[0], "probability": ps[0],
+                "top": [{"label": lab, "probability": p, "score": float(row_logits[i])}
+                        for lab, p, i in zip(labels, ps, idx)],
+                "truncated": len(ids) >= clf.max_len and len(clf.tokenizer.encode(text)) > clf.max_len,
+            }))
+        else:
+            others = " ".join(f"{lab}:{p:.3f}" for lab, p in zip(labels[1:], ps[1:]))
+            click.echo(f"{labels[0]}\t{ps[0]:.3f}\t{others}\t{text}")
+    if encoded.truncated and not as_json:
+        click.echo(f"note: {encoded.truncated} text(s) were cut to the model's {clf.max_len} positions", err=True)

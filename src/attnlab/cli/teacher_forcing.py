@@ -1,0 +1,73 @@
+"""Teacher-forced loss versus free-running BLEU, for a correct model and one without the look-ahead mask.
+
+Seed 000's review question 4: a decoder trained without its look-ahead mask reads the token it must
+predict from its own input. Its teacher-forced validation loss looks *better* than a correct model's;
+decoding freely, with only its own past to read, it collapses. This command trains both (same data,
+settings and seed; the weights with the lowest validation loss kept, as a loss-watching user would)
+and prints the two numbers side by side. ``--correct RUN --leaky RUN`` reports on runs trained before.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from attnlab.cli.translate import report_warnings
+
+
+def _markdown(rows: list[dict]) -> str:
+    lines = ["| model | look-ahead mask | teacher-forced loss (ppl) | free-running BLEU | chrF |",
+             "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {'yes' if r['look_ahead_mask'] else 'no'} | {r['teacher_forced_loss']:.3f} "
+                     f"({r['teacher_forced_ppl']:.2f}) | {r['free_running_bleu']:.2f} | {r['free_running_chrf']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+@click.command(name="teacher-forcing")
+@click.option("--train", "train", default=None, help="Training corpus prefix (to train both models).")
+@click.option("--valid", "valid", required=True, help="Validation corpus prefix: both measurements use it.")
+@click.option("--src", default="de", show_default=True)
+@click.option("--tgt", default="en", show_default=True)
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path),
+              help="Folder for the two runs (correct/, leaky/) and report.json, report.md.")
+@click.option("--correct", type=click.Path(path_type=Path), default=None, help="Use this trained run instead of training.")
+@click.option("--leaky", type=click.Path(path_type=Path), default=None, help="Use this trained leaky run.")
+@click.option("--max-seconds", default=300.0, show_default=True, help="Training budget of each model.")
+@click.option("--max-steps", default=1_000_000, show_default=True)
+@click.option("--eval-every", default=500, show_default=True)
+@click.option("--vocab-size", default=10000, show_default=True)
+@click.option("--progress/--no-progress", default=True)
+def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path, correct: Path | None,
+                    leaky: Path | None, max_seconds: float, max_steps: int, eval_every: int, vocab_size: int,
+                    progress: bool) -> None:
+    """Report validation loss under teacher forcing next to free-running BLEU, with and without the look-ahead mask."""
+    from attnlab.errors import AttnlabError
+    from attnlab.files import write_json_atomic, write_text_atomic
+    from attnlab.tasks.translate import RECIPE_TRAIN, TranslateSettings, teacher_forcing_rows, train_translation
+    from attnlab.training import TrainConfig
+
+    runs: dict[str, Path] = {}
+    with report_warnings():
+        for name, given, mask in (("correct", correct, True), ("leaky", leaky, False)):
+            if given is not None:
+                runs[name] = given
+                continue
+            if train is None:
+                raise AttnlabError(f"give --train to train the {name} model, or --{name} RUN")
+            settings = TranslateSettings(src=src, tgt=tgt, vocab_size=vocab_size, look_ahead_mask=mask, select="loss")
+            config = TrainConfig(**{**RECIPE_TRAIN, "max_seconds": max_seconds, "max_steps": max_steps,
+                                    "eval_every": eval_every, "progress": progress})
+            click.echo(f"training the {name} model ({'with' if mask else 'WITHOUT'} the look-ahead mask)", err=True)
+            train_translation(train=train, valid=valid, out=out / name, settings=settings, train_config=config,
+                              log=lambda m: click.echo(m, err=True))
+            runs[name] = out / name
+        rows = teacher_forcing_rows(runs, valid)
+    table = _markdown(rows)
+    write_json_atomic(out / "report.json", rows)
+    write_text_atomic(out / "report.md", "# Teacher-forced loss versus free-running BLEU\n\n" + table)
+    click.echo(table, nl=False)
+    click.echo(f"sacreBLEU signature: {rows[0]['signature']}")
+    click.echo(json.dumps({"report": str(out / "report.json")}))

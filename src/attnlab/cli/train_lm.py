@@ -1,0 +1,78 @@
+"""``attnlab train lm``: a decoder-only language model on random windows of a text file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from attnlab.cli import omp_passive  # noqa: F401  (before torch is imported)
+from attnlab.tasks.lm import LMData
+from attnlab.tasks.lm_train import LM_PRESETS, LMReport, train_language_model
+
+
+def describe_report(report: LMReport, out: Path) -> list[str]:
+    """The closing lines of a run; the last one holds throughput, peak fraction, wall time and final loss."""
+    settings = report.settings
+    peak = (f"{report.peak_fraction:.1%} of the measured peak {report.peak_flops / 1e9:.1f} GFLOP/s"
+            if report.peak_flops else "peak not measured")
+    return [
+        f"throughput: {report.steady_tokens_per_second:,.0f} training tokens/s steady (median of the logged windows "
+        f"after the first), {report.tokens_per_second:,.0f} overall ({report.tokens:,} tokens in "
+        f"{report.train_seconds:.1f} s, compilation and evaluations included)",
+        f"compute: {report.flops_per_token / 1e6:.2f} MFLOP per token (6N + 12LdT) x steady rate = "
+        f"{report.model_flops / 1e9:.1f} GFLOP/s; peak = best of three 2048x2048 float32 matmuls in this process",
+        f"run folder: {out} (model.safetensors, config.json, tokenizer.json, metrics.jsonl, loss.png, result.json)",
+        f"{report.steady_tokens_per_second:,.0f} tokens/s | {peak} | wall time {report.wall_seconds:.1f} s "
+        f"({report.steps} steps) | final val loss {report.val_loss:.4f} nats/token ({settings['final_eval_iters']} "
+        f"batches of {settings['batch_size']}x{settings['context']})",
+    ]
+
+
+@click.command("lm")
+@click.option("--text", "text", type=click.Path(path_type=Path), required=True, help="A UTF-8 text file.")
+@click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="The run folder to write.")
+@click.option("--preset", type=click.Choice(list(LM_PRESETS)), default="nanogpt-cpu", show_default=True,
+              help="Starting settings; the options below override them.")
+@click.option("--tokenizer", type=click.Choice(["char", "bpe"]), default=None, help="[preset: char]")
+@click.option("--bpe-vocab-size", type=int, default=None, help="BPE vocabulary size. [preset: 2000]")
+@click.option("--val-fraction", type=float, default=None, help="Last fraction of the file held out. [preset: 0.1]")
+@click.option("--layers", type=int, default=None)
+@click.option("--heads", type=int, default=None)
+@click.option("--width", type=int, default=None, help="Model width d_model.")
+@click.option("--context", type=int, default=None, help="Context length (position table size).")
+@click.option("--positions", type=click.Choice(["learned", "sinusoidal", "rotary"]), default=None)
+@click.option("--dropout", type=float, default=None)
+@click.option("--batch-size", type=int, default=None)
+@click.option("--steps", type=int, default=None, help="Optimizer steps.")
+@click.option("--lr", type=float, default=None, help="Peak learning rate.")
+@click.option("--min-lr", type=float, default=None, help="End of the cosine decay.")
+@click.option("--warmup", type=int, default=None, help="Linear warmup steps.")
+@click.option("--weight-decay", type=float, default=None)
+@click.option("--grad-clip", type=float, default=None)
+@click.option("--eval-every", type=int, default=None, help="Evaluate every N steps (0: only at the end).")
+@click.option("--eval-iters", type=int, default=None, help="Validation batches per evaluation during training.")
+@click.option("--final-eval-iters", type=int, default=None, help="Validation batches of the final loss.")
+@click.option("--bf16/--no-bf16", default=None, help="bfloat16 autocast.")
+@click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
+@click.option("--threads", type=int, default=None, help="torch threads (0: one per core).")
+@click.option("--seed", type=int, default=None)
+@click.option("--max-seconds", type=float, default=None, help="Stop training after this many seconds.")
+@click.option("--resume", is_flag=True, help="Continue from RUN/checkpoint.")
+@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+def train_lm(text: Path, out: Path, preset: str, compile_: bool | None, resume: bool, progress: bool,
+             **overrides: object) -> None:
+    """Train a decoder-only LM (GPT-like) on random windows of TEXT; validation is the file's last fraction.
+
+    Loss is in nats per token (as nanoGPT reports it). The last line printed holds the wall time and the
+    final validation loss.
+    """
+    settings = LM_PRESETS[preset].with_overrides(compile=compile_, **overrides)
+
+    def on_data(data: LMData) -> None:
+        click.echo(f"data: {len(data.train):,} training and {len(data.val):,} validation tokens, "
+                   f"{data.tokenizer.kind} vocabulary of {data.tokenizer.vocab_size} | preset {preset}")
+
+    _, report = train_language_model(text, out, settings, progress=progress, resume=resume, on_data=on_data)
+    for line in describe_report(report, out):
+        click.echo(line)

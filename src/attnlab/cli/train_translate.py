@@ -1,0 +1,87 @@
+"""``attnlab train translate``: the encoder-decoder on parallel text (defaults: the Multi30k benchmark recipe)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from attnlab.cli.translate import report_warnings
+from attnlab.tasks.translate import RECIPE_MODEL, RECIPE_TRAIN, TranslateSettings, train_translation
+from attnlab.training import TrainConfig
+
+_M, _T = RECIPE_MODEL, RECIPE_TRAIN
+
+
+@click.command(name="translate")
+@click.option("--train", "train", required=True, help="Training corpus prefix: PREFIX.SRC and PREFIX.TGT (.gz allowed).")
+@click.option("--valid", "valid", required=True, help="Validation corpus prefix (model selection).")
+@click.option("--src", "src", default="de", show_default=True, help="Source language suffix.")
+@click.option("--tgt", "tgt", default="en", show_default=True, help="Target language suffix.")
+@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Run folder to create (or resume).")
+@click.option("--joint-vocab/--separate-vocab", default=True, show_default=True,
+              help="One BPE vocabulary for both languages, or one each.")
+@click.option("--vocab-size", default=TranslateSettings.vocab_size, show_default=True, help="BPE vocabulary size (each).")
+@click.option("--share-embeddings/--no-share-embeddings", default=True, show_default=True,
+              help="One embedding table for source and target (only with --joint-vocab).")
+@click.option("--tie-output/--no-tie-output", default=True, show_default=True,
+              help="Output projection reuses the target embedding matrix.")
+@click.option("--d-model", default=_M["d_model"], show_default=True)
+@click.option("--layers", default=_M["num_layers"], show_default=True, help="Encoder and decoder layers each.")
+@click.option("--heads", default=_M["num_heads"], show_default=True)
+@click.option("--d-ff", default=_M["d_ff"], show_default=True)
+@click.option("--dropout", default=_M["dropout"], show_default=True)
+@click.option("--max-positions", default=_M["max_src_positions"], show_default=True,
+              help="Position table size of each side. Longer sources are truncated (with a warning); training "
+                   "pairs with longer targets are left out (with a warning).")
+@click.option("--max-tokens", default=TranslateSettings.max_tokens, show_default=True,
+              help="Padded positions per side in one training batch (length-bucketed).")
+@click.option("--label-smoothing", default=TranslateSettings.label_smoothing, show_default=True)
+@click.option("--lr", default=_T["lr"], show_default=True, help="Peak learning rate.")
+@click.option("--warmup", default=_T["warmup_steps"], show_default=True, help="Linear warmup steps.")
+@click.option("--schedule", type=click.Choice(["inverse_sqrt", "cosine", "constant"]), default=_T["schedule"],
+              show_default=True)
+@click.option("--max-steps", default=_T["max_steps"], show_default=True)
+@click.option("--max-seconds", default=_T["max_seconds"], show_default=True,
+              help="Time budget (training plus validation); 0 = none.")
+@click.option("--eval-every", default=_T["eval_every"], show_default=True, help="Validate every N steps (and at the end).")
+@click.option("--select", type=click.Choice(["bleu", "loss"]), default="bleu", show_default=True,
+              help="Keep the weights with the best validation BLEU (greedy) or the lowest validation loss.")
+@click.option("--valid-sentences", default=0, show_default=True, help="Validate on the first N pairs only (0 = all).")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--bf16", is_flag=True, help="bfloat16 autocast (fast only on CPUs and GPUs with bf16 units).")
+@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
+@click.option("--resume", is_flag=True, help="Continue the run in --out from its checkpoint.")
+@click.option("--no-look-ahead-mask", "leak", is_flag=True, hidden=True,
+              help="Train without the decoder's look-ahead mask (the teacher-forcing experiment's broken model).")
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
+def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint_vocab: bool, vocab_size: int,
+                    share_embeddings: bool, tie_output: bool, d_model: int, layers: int, heads: int, d_ff: int,
+                    dropout: float, max_positions: int, max_tokens: int, label_smoothing: float, lr: float,
+                    warmup: int, schedule: str, max_steps: int, max_seconds: float, eval_every: int, select: str,
+                    valid_sentences: int, seed: int, bf16: bool, threads: int | None, resume: bool, leak: bool,
+                    progress: bool) -> None:
+    """Train a translation model from PREFIX.SRC/PREFIX.TGT line-aligned files into the run folder --out.
+
+    BPE is trained on the training side only. Loss: label-smoothed cross-entropy over real target tokens;
+    validation: teacher-forced loss and greedy BLEU (sacreBLEU) on --valid.
+    """
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    settings = TranslateSettings(src=src, tgt=tgt, joint_vocab=joint_vocab, vocab_size=vocab_size,
+                                 max_tokens=max_tokens, label_smoothing=label_smoothing, look_ahead_mask=not leak,
+                                 select=select, valid_sentences=valid_sentences)
+    model_kwargs = dict(d_model=d_model, num_layers=layers, num_heads=heads, d_ff=d_ff, dropout=dropout,
+                        max_src_positions=max_positions, max_tgt_positions=max_positions)
+    config = TrainConfig(**{**_T, "lr": lr, "warmup_steps": warmup, "schedule": schedule, "max_steps": max_steps,
+                            "max_seconds": max_seconds, "eval_every": eval_every, "seed": seed, "bf16": bf16,
+                            "progress": progress})
+    with report_warnings():
+        result = train_translation(train=train, valid=valid, out=out, settings=settings, model_kwargs=model_kwargs,
+                                   share_embeddings=share_embeddings and joint_vocab, tie_output=tie_output,
+                                   train_config=config, resume=resume, log=lambda m: click.echo(m, err=True))
+    click.echo(json.dumps({"run": str(out), "steps": result.steps, "seconds": round(result.elapsed, 1),
+                           "tokens_per_second": round(result.tokens_per_second), "best": result.best}))

@@ -1,0 +1,92 @@
+"""``attnlab translate RUN "Ein Mann fährt Fahrrad."``, or a file with ``--input FILE --output FILE``."""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from attnlab.errors import AttnlabError
+
+
+@contextlib.contextmanager
+def report_warnings() -> Iterator[None]:
+    """Show Python warnings raised inside as one ``warning: ...`` line each on stderr (no source lines)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            for w in caught:
+                click.echo(f"warning: {w.message}", err=True)
+
+
+def decode_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The search options shared by ``translate``, ``eval translate`` and ``attention``."""
+    for option in reversed([
+        click.option("--beam", "beam", default=4, show_default=True, help="Beam size (1 = greedy search)."),
+        click.option("--length-penalty", default=0.6, show_default=True,
+                     help="GNMT alpha: scores are log p / ((5 + len) / 6) ** alpha."),
+        click.option("--max-len-a", default=1.5, show_default=True, help="At most a * source length + b tokens."),
+        click.option("--max-len-b", default=10, show_default=True),
+        click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def decode_settings(beam: int, length_penalty: float, max_len_a: float, max_len_b: int, threads: int | None):
+    """DecodeSettings from the shared options (and the thread count applied)."""
+    import torch
+
+    from attnlab.tasks.decoding import DecodeSettings
+
+    if threads:
+        torch.set_num_threads(threads)
+    return DecodeSettings(beam_size=beam, length_penalty=length_penalty, max_len_a=max_len_a, max_len_b=max_len_b)
+
+
+def translate_with_progress(translator: Any, lines: list[str], settings: Any, progress: bool) -> list[str]:
+    """Translate ``lines`` with a tqdm bar on stderr (sentences done / total)."""
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(lines), unit="sent", disable=not progress, dynamic_ncols=True) as bar:
+        return translator.translate(lines, settings, on_batch=bar.update)
+
+
+@click.command(name="translate")
+@click.argument("run", type=click.Path(path_type=Path))
+@click.argument("sentence", required=False)
+@click.option("--input", "input_path", type=click.Path(path_type=Path), default=None,
+              help="Translate this file, one sentence a line (.gz allowed).")
+@click.option("--output", "output_path", type=click.Path(path_type=Path), default=None,
+              help="Write the translations here, one a line (written atomically). Default: stdout.")
+@decode_options
+@click.option("--progress/--no-progress", default=True, help="Progress bar in file mode.")
+def translate(run: Path, sentence: str | None, input_path: Path | None, output_path: Path | None, beam: int,
+              length_penalty: float, max_len_a: float, max_len_b: int, threads: int | None, progress: bool) -> None:
+    """Translate SENTENCE (or the --input file) with the trained run RUN."""
+    from attnlab.files import write_text_atomic
+    from attnlab.tasks.translate import load_translator, read_sentences
+
+    if (sentence is None) == (input_path is None):
+        raise AttnlabError("give either a SENTENCE or --input FILE")
+    if sentence is not None and not sentence.strip():
+        raise AttnlabError("the sentence is empty")
+    settings = decode_settings(beam, length_penalty, max_len_a, max_len_b, threads)
+    translator = load_translator(run)
+    with report_warnings():
+        if sentence is not None:
+            hyps = translator.translate([sentence], settings)
+        else:
+            hyps = translate_with_progress(translator, read_sentences(input_path), settings, progress)
+    text = "".join(h + "\n" for h in hyps)
+    if output_path is None:
+        click.echo(text, nl=False)
+    else:
+        write_text_atomic(output_path, text)
+        click.echo(f"wrote {len(hyps)} translations to {output_path}", err=True)

@@ -1,0 +1,115 @@
+"""Scoring a trained classifier on a labelled table: accuracy, macro-F1, a per-class table, a confusion matrix.
+
+Labels the run never saw in training cannot be predicted: their rows count as errors in the accuracy,
+enter the macro-F1 as classes with F1 0, and are listed in :attr:`Evaluation.unseen`, so a test file
+with a new class is reported, never a crash.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnlab.files import atomic_path
+from attnlab.tasks.classify import Classifier
+from attnlab.tasks.tables import Table
+
+
+@dataclass
+class Evaluation:
+    """The figures of one evaluation.
+
+    Attributes:
+        accuracy: share of rows whose predicted label is the true one.
+        macro_f1: unweighted mean F1 over the classes present in the truth or the predictions.
+        correct, total: the accuracy's numerator and denominator.
+        per_class: one dict per class (``label``, ``precision``, ``recall``, ``f1``, ``support``).
+        unseen: labels absent from training -> their row count.
+        truncated: texts cut to the model's position table.
+        confusion_png: where the confusion matrix was drawn (None if not drawn).
+        data: the table's path.
+    """
+
+    accuracy: float
+    macro_f1: float
+    correct: int
+    total: int
+    per_class: list[dict[str, Any]]
+    unseen: dict[str, int] = field(default_factory=dict)
+    truncated: int = 0
+    confusion_png: str | None = None
+    data: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def evaluate_table(clf: Classifier, table: Table) -> tuple[Evaluation, list[str], list[str]]:
+    """Predict every row of ``table`` and score the predictions.
+
+    Returns:
+        the evaluation, the true labels and the predicted labels (row order).
+    """
+    from sklearn.metrics import f1_score, precision_recall_fscore_support
+
+    assert table.labels is not None, "evaluation needs a label column"
+    encoded = clf.encode(table.texts)
+    predicted = [clf.labels[i] for i in clf.logits(encoded.ids).argmax(1).tolist()]
+    truth = table.labels
+    known = set(clf.labels)
+    unseen = dict(sorted(Counter(t for t in truth if t not in known).items()))
+    present = set(truth) | set(predicted)
+    classes = [lab for lab in clf.labels if lab in present] + sorted(unseen)
+    precision, recall, f1, support = precision_recall_fscore_support(truth, predicted, labels=classes, zero_division=0)
+    per_class = [{"label": lab, "precision": float(p), "recall": float(r), "f1": float(f), "support": int(s)}
+                 for lab, p, r, f, s in zip(classes, precision, recall, f1, support)]
+    correct = sum(t == p for t, p in zip(truth, predicted))
+    evaluation = Evaluation(
+        accuracy=correct / len(truth), correct=correct, total=len(truth),
+        macro_f1=float(f1_score(truth, predicted, labels=classes, average="macro", zero_division=0)),
+        per_class=per_class, unseen=unseen, truncated=encoded.truncated, data=str(table.path),
+    )
+    return evaluation, truth, predicted
+
+
+def draw_confusion(truth: list[str], predicted: list[str], labels: list[str], path: str | Path) -> Path:
+    """Confusion matrix as a PNG: rows are true labels (training labels, then unseen ones), columns predictions.
+
+    Cells show the share of each true label's rows (so rare classes are as visible as common ones);
+    with at most 20 classes the counts are written in the cells.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = labels + sorted(set(truth) - set(labels))
+    row_of, col_of = {lab: i for i, lab in enumerate(rows)}, {lab: i for i, lab in enumerate(labels)}
+    counts = np.zeros((len(rows), len(labels)), dtype=np.int64)
+    for t, p in zip(truth, predicted):
+        counts[row_of[t], col_of[p]] += 1
+    shares = counts / np.maximum(counts.sum(1, keepdims=True), 1)
+    size = min(4 + 0.18 * len(labels), 24)
+    fig, ax = plt.subplots(figsize=(size + 1.5, size * len(rows) / len(labels) + 1))
+    image = ax.imshow(shares, cmap="Blues", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+    font = 8 if len(labels) <= 30 else 5
+    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=font)
+    ax.set_yticks(range(len(rows)), rows, fontsize=font)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    if len(labels) <= 20:
+        for (i, j), n in np.ndenumerate(counts):
+            if n:
+                ax.text(j, i, str(n), ha="center", va="center", fontsize=7,
+                        color="white" if shares[i, j] > 0.5 else "black")
+    fig.colorbar(image, ax=ax, fraction=0.03, label="share of the true label's rows")
+    ax.set_title(f"confusion matrix ({len(truth)} rows, accuracy {np.trace(counts[:len(labels)]) / len(truth):.1%})")
+    fig.tight_layout()
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return path

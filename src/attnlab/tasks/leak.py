@@ -1,0 +1,234 @@
+"""The leak experiment: a decoder whose look-ahead mask never reaches attention (seed 000, review question 4).
+
+Two tiny LMs are trained with the same settings, seed and batches: one with the causal mask, one
+without (:class:`LeakyDecoderLM`). The leaky one can read the token it is asked to predict, so its
+*teacher-forced* loss, training and validation alike, falls far below the honest model's: a held-out loss
+does not catch the bug, because teacher-forced evaluation hands the model the future exactly as training
+did. Generation does: with nothing after the current position to copy, the leaky model's next-token loss
+is bad and its free-running text is useless. The causal check (``attnlab check --kind decoder``) catches it
+without any training at all.
+
+The leak is a subclass here, not a switch in the core: the core's :class:`~attnlab.nn.DecoderLM` has no way
+to turn its mask off.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlab.checks import Contract, run_checks
+from attnlab.checks.report import CheckReport
+from attnlab.errors import AttnlabError
+from attnlab.files import atomic_path, ensure_writable_dir, write_json_atomic, write_text_atomic
+from attnlab.nn.models import DecoderLM
+from attnlab.tasks.lm import load_lm_data, random_windows, seeded_generator
+from attnlab.tasks.lm_train import LMSettings, train_language_model
+from attnlab.tasks.sampling import generate
+from attnlab.training.checkpoint import WEIGHTS, load_weights, read_run_config
+
+#: The short budget both models get (seconds each on two CPU cores). Rotary positions make "attend to the
+#: next position" the same pattern at every position, so the unmasked model finds the copy within this budget
+#: (with learned positions it must learn it position by position and the leak shows only after longer).
+LEAK_SETTINGS = LMSettings(layers=2, heads=4, width=64, context=32, positions="rotary", batch_size=16, steps=300,
+                           lr=3e-3, min_lr=3e-4, warmup=20, eval_every=0, eval_iters=20, final_eval_iters=50,
+                           log_every=10, seed=0)
+
+
+class LeakyDecoderLM(DecoderLM):
+    """:class:`DecoderLM` with its causal mask removed: every position attends to the whole window.
+
+    The bug of seed 000's review question 4 (a look-ahead mask passed where it is never applied). Same
+    parameters, same forward otherwise; with a KV cache nothing after the newest token exists, so only a
+    full-window forward shows the leak.
+    """
+
+    def forward(self, ids: Tensor, *, caches: list | None = None,
+                return_attention: bool = False) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """(batch, seq) ids -> logits (batch, seq, vocab); position t sees **all** positions."""
+        states, weights = self.body(ids, attend_mask=None, need_weights=return_attention, caches=caches)
+        logits = self.lm_head(states)
+        return (logits, weights) if return_attention else logits
+
+
+MODEL_CLASSES: dict[str, type[DecoderLM]] = {"DecoderLM": DecoderLM, "LeakyDecoderLM": LeakyDecoderLM}
+
+
+def load_trained(run: str | Path) -> DecoderLM:
+    """The model of one of the experiment's run folders (either class), in eval mode."""
+    config = read_run_config(run)
+    name = config["model"]["class"]
+    if name not in MODEL_CLASSES:
+        raise AttnlabError(f"{run} holds a {name}, not a model of the leak experiment")
+    model = MODEL_CLASSES[name](**config["model"]["kwargs"])
+    load_weights(model, Path(run) / WEIGHTS)
+    return model.eval()
+
+
+@torch.no_grad()
+def future_absent_loss(model: DecoderLM, ids: Tensor, *, context: int, windows: int = 16, seed: int = 0) -> float:
+    """Next-token loss (nats) when nothing after the current position exists, as in generation.
+
+    For each of ``windows`` random windows and each position t, the model is run on the prefix 0..t alone
+    and its last output scored against token t + 1: one forward per prefix length, batched over windows.
+    For a causal model this equals the teacher-forced loss on the same windows; for a leaky one it is
+    the loss it really has when it writes.
+    """
+    x, y = random_windows(ids, context, windows, seeded_generator("future-absent", seed))
+    total = 0.0
+    for t in range(context):
+        logits = model(x[:, : t + 1])[:, -1]  # (windows, vocab)
+        total += float(F.cross_entropy(logits.float(), y[:, t], reduction="sum"))
+    return total / (windows * context)
+
+
+@torch.no_grad()
+def teacher_forced_loss(model: DecoderLM, ids: Tensor, *, context: int, windows: int = 16, seed: int = 0) -> float:
+    """Loss (nats) on the same windows as :func:`future_absent_loss`, all positions in one forward."""
+    x, y = random_windows(ids, context, windows, seeded_generator("future-absent", seed))
+    return float(F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten()))
+
+
+@dataclass
+class LeakRow:
+    """One model's line in the table."""
+
+    name: str
+    val_loss: float
+    same_windows_teacher_forced: float
+    future_absent: float
+    check_status: str
+    check_summary: str
+    sample: str
+
+
+def _plot(out_png: Path, rows: list[LeakRow], curves: dict[str, list[tuple[int, float]]], uniform: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"causal": "#4682B4", "leaky": "#C0504D"}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, points in curves.items():
+        if points:
+            left.plot(*zip(*points), label=f"{name}: training loss (teacher-forced)", color=colors[name])
+    left.axhline(uniform, color="grey", linestyle=":", label=f"uniform guess, ln V = {uniform:.2f}")
+    left.set(xlabel="step", ylabel="nats per token", title="Training: the leaky model looks better")
+    left.legend(fontsize=8)
+    left.grid(linestyle="--", alpha=0.4)
+    kinds = ["teacher-forced\n(validation)", "future absent\n(as in generation)"]
+    width = 0.38
+    for i, row in enumerate(rows):
+        values = [row.same_windows_teacher_forced, row.future_absent]
+        bars = right.bar([k + (i - 0.5) * width for k in range(2)], values, width, label=row.name,
+                         color=colors[row.name])
+        right.bar_label(bars, fmt="%.2f", fontsize=8)
+    right.axhline(uniform, color="grey", linestyle=":")
+    right.set_xticks(range(2), kinds)
+    right.set(ylabel="nats per token", title="Writing: the leaky model is useless")
+    right.legend(fontsize=8)
+    right.grid(axis="y", linestyle="--", alpha=0.4)
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+
+
+def _training_curve(run: Path) -> list[tuple[int, float]]:
+    points = []
+    for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if "loss" in record and "eval" not in record:
+            points.append((record["step"], record["loss"]))
+    return points
+
+
+CHECK_FACTORIES = '''"""Factories for `attnlab check`, written by `attnlab experiment leak`: its two trained models."""
+
+from pathlib import Path
+
+from attnlab.tasks.leak import load_trained
+
+HERE = Path(__file__).resolve().parent
+
+
+def causal():
+    return load_trained(HERE / "causal")
+
+
+def leaky():
+    return load_trained(HERE / "leaky")
+'''
+
+
+@dataclass
+class LeakResult:
+    rows: list[LeakRow]
+    reports: dict[str, CheckReport]
+    commands: dict[str, str]
+    out: Path
+    prompt: str
+
+
+def run_leak_experiment(text: str | Path, out: str | Path, settings: LMSettings = LEAK_SETTINGS, *,
+                        sample_tokens: int = 200, progress: bool = False) -> LeakResult:
+    """Train both models, measure them, check them, and write ``OUT/leak.png`` and ``OUT/leak.json``."""
+    out = ensure_writable_dir(out)
+    data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction)
+    # A prompt both models continue: the first line of the validation text, cut to half a context.
+    tokenizer = data.tokenizer
+    prompt_ids = data.val[: settings.context // 2].tolist()
+    prompt = tokenizer.decode(prompt_ids)
+    uniform = math.log(tokenizer.vocab_size - 1)  # the padding id is never a target
+    write_text_atomic(out / "check_models.py", CHECK_FACTORIES)
+    rows, reports, commands, curves = [], {}, {}, {}
+    contract = Contract("decoder", pad_id=None, vocab_size=tokenizer.vocab_size, max_length=settings.context)
+    for name, cls in (("causal", DecoderLM), ("leaky", LeakyDecoderLM)):
+        run = out / name
+        # Same settings, seed, initial weights and batches: the mask is the only difference.
+        model, report = train_language_model(text, run, settings, progress=progress, model_class=cls,
+                                             task_name="lm" if cls is DecoderLM else "lm-leak", data=data,
+                                             measure_peak=False)
+        curves[name] = _training_curve(run)
+        check = run_checks(model, contract, seeds=5, spec=f"{out / 'check_models.py'}:{name}")
+        reports[name] = check
+        commands[name] = (f"attnlab check {out / 'check_models.py'}:{name} --kind decoder --pad-id none "
+                          f"--vocab-size {tokenizer.vocab_size} --max-length {settings.context}")
+        causal_result = check.result("causal")
+        # No cache: a cache would hide the leak (each cached position was computed before its future existed).
+        sample_ids = list(generate(model, prompt_ids, sample_tokens, seed=0, use_cache=False,
+                                   banned=[tokenizer.pad_id]))
+        rows.append(LeakRow(
+            name=name, val_loss=report.val_loss,
+            same_windows_teacher_forced=teacher_forced_loss(model, data.val, context=settings.context),
+            future_absent=future_absent_loss(model, data.val, context=settings.context),
+            check_status=causal_result.status, check_summary=causal_result.summary,
+            sample=tokenizer.decode(sample_ids),
+        ))
+    _plot(out / "leak.png", rows, curves, uniform)
+    write_json_atomic(out / "leak.json", {
+        "settings": asdict(settings), "prompt": prompt, "uniform_loss": uniform,
+        "rows": [asdict(r) for r in rows], "check_commands": commands,
+        "checks": {name: rep.as_dict() for name, rep in reports.items()},
+    })
+    return LeakResult(rows, reports, commands, out, prompt)
+
+
+def summary(result: LeakResult) -> dict[str, Any]:
+    """The experiment's verdict: whether each expected difference showed."""
+    by = {r.name: r for r in result.rows}
+    causal, leaky = by["causal"], by["leaky"]
+    return {
+        "leaky_teacher_forced_lower": leaky.val_loss < causal.val_loss,
+        "leaky_worse_when_writing": leaky.future_absent > causal.future_absent,
+        "check_fails_leaky": leaky.check_status == "fail",
+        "check_passes_causal": causal.check_status == "pass",
+    }

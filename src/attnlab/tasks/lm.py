@@ -1,0 +1,222 @@
+"""Language modelling on one text file: the data, the task the engine trains, and the cost figures.
+
+**Data (nanoGPT's recipe).** The file is read whole; the *last* ``val_fraction`` of its characters is
+the validation split, the rest the training split. A character vocabulary is built from the whole file
+(as nanoGPT's ``prepare.py`` does, so the validation text never holds an unknown character); a BPE
+vocabulary is trained on the training split only.
+
+**Batches.** A training example is a random window of ``context + 1`` consecutive ids: the first
+``context`` are the input, the last ``context`` the targets (position ``t`` predicts id ``t + 1``). An
+"epoch" is a fixed number of batches whose window starts come from a generator seeded by
+``(seed, epoch)``, so the engine's exact resume and DDP sharding (each process takes every
+``world``-th window of the global batch) work as for any other task.
+
+**Loss** is the cross-entropy in nats per target token, the unit nanoGPT reports. Validation is the mean
+over ``eval_iters`` random validation batches, as nanoGPT's ``estimate_loss``; the windows are drawn
+from a fixed generator, so every evaluation of a run scores the same windows and best-model selection
+compares like with like.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.data.tokenizers import BPETokenizer, CharTokenizer
+from attnlab.errors import AttnlabError
+from attnlab.training import Batch
+from attnlab.training.distributed import Place
+
+TASK_NAME = "lm"
+TOKENIZER_FILE = "tokenizer.json"
+RESULT_FILE = "result.json"
+
+
+@dataclass
+class LMData:
+    """A text file as two id streams.
+
+    Attributes:
+        train, val: 1-D ``torch.long`` ids of the two splits.
+        tokenizer: what turned the text into ids.
+    """
+
+    train: Tensor
+    val: Tensor
+    tokenizer: CharTokenizer | BPETokenizer
+
+
+def read_text(path: str | Path) -> str:
+    """The whole file as UTF-8 text; a missing, binary or empty file is an :class:`AttnlabError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise AttnlabError(f"no text file {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise AttnlabError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    if not text:
+        raise AttnlabError(f"{path} is empty")
+    return text
+
+
+def load_lm_data(path: str | Path, *, tokenizer: str = "char", val_fraction: float = 0.1,
+                 bpe_vocab_size: int = 2000) -> LMData:
+    """Read, split (last ``val_fraction`` of the characters is validation) and tokenize a text file."""
+    if not 0.0 < val_fraction < 1.0:
+        raise AttnlabError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    text = read_text(path)
+    cut = int(len(text) * (1.0 - val_fraction))
+    train_text, val_text = text[:cut], text[cut:]
+    tok: CharTokenizer | BPETokenizer
+    if tokenizer == "char":
+        tok = CharTokenizer.train(text)
+    elif tokenizer == "bpe":
+        # Lines with their newlines, so that "\n" is in the vocabulary and decoding restores line breaks.
+        tok = BPETokenizer.train(train_text.splitlines(keepends=True), vocab_size=bpe_vocab_size)
+    else:
+        raise AttnlabError(f"unknown tokenizer {tokenizer!r}; use char or bpe")
+    train = torch.tensor(tok.encode(train_text), dtype=torch.long)
+    val = torch.tensor(tok.encode(val_text), dtype=torch.long)
+    return LMData(train, val, tok)
+
+
+def seeded_generator(*parts: object) -> torch.Generator:
+    """A CPU generator seeded by a hash of ``parts``: distinct for every (seed, epoch) pair, stable across runs."""
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+def random_windows(ids: Tensor, context: int, count: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """``count`` random windows of ``ids``: inputs and targets, each (count, context), targets shifted by one."""
+    starts = torch.randint(0, len(ids) - context, (count,), generator=generator)
+    return windows_at(ids, starts, context)
+
+
+def windows_at(ids: Tensor, starts: Tensor, context: int) -> tuple[Tensor, Tensor]:
+    """Windows of ``context + 1`` ids from each of ``starts`` (n,): inputs (n, context) and targets (n, context)."""
+    rows = ids[starts[:, None] + torch.arange(context + 1)]  # one gather instead of n slices
+    return rows[:, :-1], rows[:, 1:]
+
+
+def summed_loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
+    """Cross-entropy summed over every target token: (batch, seq) ids -> 0-d tensor (nats)."""
+    logits = model(inputs)
+    # float() keeps the softmax in float32 under bfloat16 autocast; it is a no-op in float32.
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum")
+
+
+@torch.no_grad()
+def evaluate_loss(model: nn.Module, ids: Tensor, *, context: int, batch_size: int, iters: int,
+                  seed: int = 0, chunk: int = 256) -> float:
+    """Mean loss in nats per token over ``iters`` random batches of ``batch_size`` windows (nanoGPT's estimate).
+
+    All windows have ``context`` targets, so the mean over batches equals the mean over all windows;
+    they are run ``chunk`` windows at a time (fewer, larger matmuls), which gives the same number.
+    """
+    if len(ids) <= context:
+        raise AttnlabError(f"the validation split holds {len(ids)} tokens, fewer than the context of {context} + 1; "
+                           "use a larger --val-fraction or a shorter context")
+    was_training = model.training
+    model.eval()
+    g = seeded_generator("eval", seed)
+    total, remaining = 0.0, iters * batch_size
+    device = next(model.parameters()).device
+    while remaining > 0:
+        n = min(chunk, remaining)
+        x, y = random_windows(ids, context, n, g)
+        total += float(summed_loss(model, x.to(device), y.to(device)))
+        remaining -= n
+    model.train(was_training)
+    return total / (iters * batch_size * context)
+
+
+class LMTask:
+    """Next-token prediction on random windows of a token stream (the engine's :class:`~attnlab.training.Task`).
+
+    Args:
+        train, val: 1-D id streams.
+        context: window length (the model's ``max_positions`` or less).
+        batch_size: windows per global batch (split across DDP processes).
+        batches_per_epoch: how many batches make one "epoch" (only the unit of resumable randomness).
+        seed: seeds the window positions together with the epoch.
+        eval_iters, eval_batch_size: batches averaged by :meth:`evaluate` (``eval_batch_size`` defaults
+            to ``batch_size``).
+    """
+
+    def __init__(self, train: Tensor, val: Tensor, *, context: int, batch_size: int, batches_per_epoch: int = 1000,
+                 seed: int = 0, eval_iters: int = 20, eval_batch_size: int | None = None) -> None:
+        if len(train) <= context:
+            raise AttnlabError(f"the training split holds {len(train)} tokens, fewer than the context of {context} + 1")
+        if batch_size < 1 or context < 1 or eval_iters < 1:
+            raise AttnlabError("batch size, context and eval iterations must be at least 1")
+        self.train_ids, self.val_ids = train, val
+        self.context, self.batch_size, self.batches_per_epoch = context, batch_size, batches_per_epoch
+        self.seed, self.eval_iters = seed, eval_iters
+        self.eval_batch_size = eval_batch_size or batch_size
+
+    def batches(self, epoch: int, place: Place) -> Iterator[Batch]:
+        """This process's batches of ``epoch``: (inputs, targets), each (batch_size / world, context)."""
+        g = seeded_generator("train", self.seed, epoch)
+        high = len(self.train_ids) - self.context
+        # All of the epoch's starts at once: one generator call, and a given batch index always gets the
+        # same windows however the epoch is iterated (a resume skips batches without drawing them).
+        starts = torch.randint(0, high, (self.batches_per_epoch, self.batch_size), generator=g)
+        for row in starts:
+            mine = row[place.rank :: place.world]  # the same sharding as distributed.shard, on a tensor
+            x, y = windows_at(self.train_ids, mine, self.context)
+            yield Batch((x, y), count=y.numel(), tokens=x.numel())
+
+    def loss(self, model: nn.Module, data: tuple[Tensor, Tensor]) -> Tensor:
+        """Summed next-token cross-entropy of one batch (nats)."""
+        return summed_loss(model, *data)
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """``val_loss`` in nats per token over ``eval_iters`` fixed random batches; ``score`` is its negative."""
+        loss = evaluate_loss(model, self.val_ids, context=self.context, batch_size=self.eval_batch_size,
+                             iters=self.eval_iters, seed=self.seed)
+        return {"loss": loss, "val_loss": loss, "score": -loss}
+
+
+# ------------------------------------------------------------------------------------------------------
+# cost figures
+
+
+def flops_per_token(model: nn.Module, context: int) -> float:
+    """Training FLOPs per token, as nanoGPT's ``estimate_mfu`` counts them (PaLM, appendix B).
+
+    ``6 N`` for the matmuls (forward 2N, backward 4N; N excludes the position table, which is a lookup,
+    and counts the tied output matrix once, as the logits matmul) plus ``12 L d T`` for attention's two
+    matmuls over a context of T.
+    """
+    body = model.body  # a DecoderLM
+    n = model.num_parameters()
+    table = getattr(body.embed.positions, "table", None)
+    if table is not None:
+        n -= table.weight.numel()
+    layers = len(body.layers)
+    d = body.embed.tokens.embedding_dim
+    return 6.0 * n + 12.0 * layers * d * context
+
+
+def measure_peak_matmul(size: int = 2048, repeats: int = 3) -> float:
+    """This machine's float32 matmul rate (FLOP/s): the best of ``repeats`` timed ``size`` x ``size`` products.
+
+    Measured in the calling process, with its thread settings, so the fraction it is the denominator
+    of compares like with like. The best repeat is the peak: a slower one was disturbed.
+    """
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up: thread pool start and MKL's first-call set-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size**3 / best

@@ -1,0 +1,278 @@
+"""Training a decoder-only language model on a text file: the settings, the presets and the one run function.
+
+``attnlab train lm``, the leak experiment and ``bench/lm_shakespeare.py`` all go through
+:func:`train_language_model`, so the figures they print are measured the same way.
+
+Presets:
+
+* ``nanogpt-cpu``: nanoGPT's CPU recipe for character-level Shakespeare (its README's command): 4 layers,
+  4 heads, width 128, context 64, batch 12, 2,000 iterations, lr 1e-3 with 100 warmup steps and cosine
+  decay to 1e-4, dropout 0, AdamW betas (0.9, 0.99), weight decay 0.1, gradient clip 1.0, evaluation every
+  250 steps on 20 batches.
+* ``shakespeare-fast``: the same model trained to the same validation loss in less wall time (see
+  ``notes/issue6.md`` for the measurements behind each choice).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnlab.errors import AttnlabError
+from attnlab.files import ensure_writable_dir, write_json_atomic
+from attnlab.nn.models import DecoderLM
+from attnlab.tasks.lm import (
+    RESULT_FILE,
+    TASK_NAME,
+    TOKENIZER_FILE,
+    LMData,
+    LMTask,
+    evaluate_loss,
+    flops_per_token,
+    load_lm_data,
+    measure_peak_matmul,
+)
+from attnlab.training import TrainConfig, Trainer, seed_everything
+from attnlab.training.checkpoint import CONFIG, WEIGHTS, load_weights, read_run_config, write_run_config
+from attnlab.training.engine import config_dict
+
+
+@dataclass(frozen=True)
+class LMSettings:
+    """Everything a language-model run is made of; the defaults are the ``nanogpt-cpu`` preset.
+
+    Attributes:
+        layers, heads, width, context, dropout, positions: the :class:`~attnlab.nn.DecoderLM`.
+        batch_size: windows per optimizer step.
+        steps, lr, min_lr, warmup, weight_decay, betas, grad_clip: AdamW with linear warmup and cosine decay.
+        eval_every, eval_iters: evaluation during training (0 = only at the end), on how many batches.
+        final_eval_iters: batches of the final validation loss, the figure the run reports.
+        bf16, compile: bfloat16 autocast and ``torch.compile``.
+        threads: torch intra-op threads (0 = torch's default, one per core).
+        seed, max_seconds, log_every: as in :class:`~attnlab.training.TrainConfig`.
+        tokenizer, val_fraction, bpe_vocab_size: the data.
+    """
+
+    layers: int = 4
+    heads: int = 4
+    width: int = 128
+    context: int = 64
+    dropout: float = 0.0
+    positions: str = "learned"
+    batch_size: int = 12
+    steps: int = 2000
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup: int = 100
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.99)
+    grad_clip: float = 1.0
+    eval_every: int = 250
+    eval_iters: int = 20
+    final_eval_iters: int = 200
+    bf16: bool = False
+    compile: bool = False
+    threads: int = 0
+    seed: int = 1337
+    max_seconds: float = 0.0
+    log_every: int = 50
+    tokenizer: str = "char"
+    val_fraction: float = 0.1
+    bpe_vocab_size: int = 2000
+
+    def model_kwargs(self, vocab_size: int) -> dict[str, Any]:
+        return dict(vocab_size=vocab_size, d_model=self.width, num_layers=self.layers, num_heads=self.heads,
+                    max_positions=self.context, dropout=self.dropout, positions=self.positions)
+
+    def train_config(self, progress: bool = True) -> TrainConfig:
+        return TrainConfig(
+            max_steps=self.steps, lr=self.lr, min_lr=self.min_lr, warmup_steps=self.warmup, schedule="cosine",
+            weight_decay=self.weight_decay, betas=self.betas, grad_clip=self.grad_clip, eval_every=self.eval_every,
+            log_every=self.log_every, bf16=self.bf16, compile=self.compile, seed=self.seed,
+            max_seconds=self.max_seconds, progress=progress,
+        )
+
+    def with_overrides(self, **overrides: Any) -> LMSettings:
+        """A copy with the given fields replaced; ``None`` values are ignored (an option left unset)."""
+        known = {f.name for f in fields(self)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise AttnlabError(f"unknown language-model settings: {', '.join(sorted(unknown))}")
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+LM_PRESETS: dict[str, LMSettings] = {
+    "nanogpt-cpu": LMSettings(),
+    "shakespeare-fast": LMSettings(),  # set from the benchmark's measurements below
+}
+
+
+@dataclass
+class LMReport:
+    """What a finished run measured.
+
+    Attributes:
+        val_loss: final validation loss (nats per token) of the kept weights, on ``final_eval_iters`` batches.
+        wall_seconds: from reading the text to the end of the final evaluation (compilation included).
+        train_seconds: the engine's training time (steps and in-training evaluations, compilation included).
+        tokens_per_second: training tokens over ``train_seconds``.
+        steady_tokens_per_second: median of the logged windows after the first (no warm-up or compilation).
+        flops_per_token: model training FLOPs per token (nanoGPT's count).
+        steps, tokens: optimizer steps taken and training tokens seen.
+        parameters: trainable parameters.
+        peak_flops: this machine's float32 matmul rate, measured after training in the same process (0 if not).
+    """
+
+    val_loss: float
+    wall_seconds: float
+    train_seconds: float
+    tokens_per_second: float
+    steady_tokens_per_second: float
+    flops_per_token: float
+    steps: int
+    tokens: int
+    parameters: int
+    peak_flops: float = 0.0
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model_flops(self) -> float:
+        """Model FLOP/s achieved at the steady training rate."""
+        return self.flops_per_token * self.steady_tokens_per_second
+
+    @property
+    def peak_fraction(self) -> float:
+        """Achieved model FLOP/s over the measured peak (nanoGPT's "MFU", against this machine's own peak)."""
+        return self.model_flops / self.peak_flops if self.peak_flops else math.nan
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "model_flops": self.model_flops, "peak_fraction": self.peak_fraction}
+
+
+def steady_rate(metrics_path: Path) -> float:
+    """Median tokens/s of the logged windows after the first (which holds start-up and compilation)."""
+    rates = []
+    if metrics_path.exists():
+        for line in metrics_path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            if "tokens_per_second" in record:
+                rates.append(record["tokens_per_second"])
+    rates = rates[1:] or rates
+    return statistics.median(rates) if rates else math.nan
+
+
+@torch.no_grad()
+def gpt2_init_(model: DecoderLM) -> DecoderLM:
+    """GPT-2's initialisation, as nanoGPT applies it: N(0, 0.02) weights, zero biases, and the two
+    projections that write into the residual stream (attention output, feed-forward down) at
+    0.02 / sqrt(2 * layers), so the stream's variance does not grow with depth.
+
+    PyTorch's defaults draw embeddings from N(0, 1); with the output matrix tied to the embedding the first
+    logits then have a standard deviation of about sqrt(width) and training starts at a loss of tens of
+    nats instead of ln(vocab), wasting hundreds of steps. Returns ``model``, changed in place.
+    """
+    residual_std = 0.02 / math.sqrt(2 * len(model.body.layers))
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear | nn.Embedding):
+            std = residual_std if name.endswith(("out_proj", "ffn.down")) else 0.02
+            nn.init.normal_(module.weight, 0.0, std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+    return model
+
+
+def build_lm(settings: LMSettings, vocab_size: int, model_class: type[DecoderLM] = DecoderLM) -> DecoderLM:
+    """A freshly initialised model of ``settings``, seeded by ``settings.seed``, with :func:`gpt2_init_`."""
+    seed_everything(settings.seed)
+    return gpt2_init_(model_class(**settings.model_kwargs(vocab_size)))
+
+
+def train_language_model(
+    text: str | Path,
+    out: str | Path,
+    settings: LMSettings,
+    *,
+    progress: bool = True,
+    resume: bool = False,
+    model_class: type[DecoderLM] = DecoderLM,
+    task_name: str = TASK_NAME,
+    data: LMData | None = None,
+    on_data: Callable[[LMData], None] | None = None,
+    measure_peak: bool = True,
+) -> tuple[nn.Module, LMReport]:
+    """Train a decoder LM on ``text`` into run folder ``out`` and measure it; see the module docstring.
+
+    Args:
+        text: the text file (ignored when ``data`` is given).
+        out: the run folder (config.json, tokenizer.json, model.safetensors, checkpoint/, metrics, result.json).
+        settings: the run's settings (a preset with overrides).
+        progress: show the engine's progress bar.
+        resume: continue from ``out/checkpoint`` with the settings saved in ``out/config.json`` (``settings``
+            is then ignored); without it, a folder that already holds a run is refused.
+        model_class: :class:`DecoderLM` or a subclass (the leak experiment's unmasked model).
+        task_name: the ``task`` recorded in config.json (``attnlab generate`` loads only ``lm`` runs).
+        data: already loaded data (to train several models on one split).
+        on_data: called once the data is ready (to print its size).
+        measure_peak: time a large float32 matmul after training (about a second, outside the wall time).
+
+    Returns:
+        the model holding the kept (best) weights, in eval mode, and the report.
+    """
+    started = time.perf_counter()
+    if resume:  # the saved settings win: a resumed run must repeat the steps of the one it continues
+        saved = read_run_config(out, task_name)["lm"]
+        settings = LMSettings(**{**saved, "betas": tuple(saved["betas"])})
+    elif (Path(out) / CONFIG).exists():
+        raise AttnlabError(f"{out} already holds a run; continue it with --resume or choose another --out")
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    if data is None:
+        data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction,
+                            bpe_vocab_size=settings.bpe_vocab_size)
+    if on_data is not None:
+        on_data(data)
+    out = ensure_writable_dir(out)
+    data.tokenizer.save(out / TOKENIZER_FILE)
+    model = build_lm(settings, data.tokenizer.vocab_size, model_class)
+    task = LMTask(data.train, data.val, context=settings.context, batch_size=settings.batch_size,
+                  seed=settings.seed, eval_iters=settings.eval_iters)
+    config = settings.train_config(progress)
+    write_run_config(out, {
+        "task": task_name,
+        # Written by hand rather than with checkpoint.model_config, which accepts the core classes only: a
+        # subclass is recorded under its own name, so no loader mistakes it for the plain DecoderLM.
+        "model": {"class": type(model).__name__, "kwargs": dict(model.config)},
+        "tokenizer": TOKENIZER_FILE,
+        "data": {"text": str(text), "val_fraction": settings.val_fraction, "train_tokens": len(data.train),
+                 "val_tokens": len(data.val)},
+        "lm": asdict(settings),
+        "train": config_dict(config),
+    })
+    trainer = Trainer(model, task, config, out)
+    try:
+        result = trainer.fit(resume=resume)
+    finally:
+        trainer.close()
+    load_weights(model, out / WEIGHTS)  # the kept (best) weights: what generate will use
+    model.eval()
+    val_loss = evaluate_loss(model, data.val, context=settings.context, batch_size=settings.batch_size,
+                             iters=settings.final_eval_iters, seed=settings.seed)
+    wall = time.perf_counter() - started
+    report = LMReport(
+        val_loss=val_loss, wall_seconds=wall, train_seconds=result.elapsed,
+        tokens_per_second=result.tokens_per_second, steady_tokens_per_second=steady_rate(out / "metrics.jsonl"),
+        flops_per_token=flops_per_token(model, settings.context), steps=result.steps,
+        tokens=int(trainer.state["tokens"]), parameters=model.num_parameters(),
+        settings=asdict(settings), peak_flops=measure_peak_matmul() if measure_peak else 0.0,
+    )
+    write_json_atomic(out / RESULT_FILE, report.as_dict())
+    return model, report

@@ -1,0 +1,199 @@
+"""Labelled text tables: CSV and JSON-lines readers for text classification.
+
+A table is a file with one example a row (CSV, with a header) or a line (JSON lines, one object each).
+Two columns matter: the **text** (``--text-column``, default ``text``) and the **label**
+(``--label-column``). The label column defaults to ``label``; a file without one but with exactly two
+columns uses the other one, as BANKING77's ``text,category`` does. Anything else is an
+:class:`~attnlab.errors.AttnlabError` whose one line names the file and lists the columns it has.
+
+The format is chosen by the file name: ``.jsonl``, ``.ndjson`` and ``.json`` are JSON lines, everything
+else is CSV (``.tsv`` with tabs). Rows whose text is empty are an error (a model cannot route silence,
+and an empty row usually means a shifted or broken export), reported with their count and the first
+row's number.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnlab.errors import AttnlabError
+
+JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
+
+
+@dataclass
+class Table:
+    """The texts and labels of one file.
+
+    Attributes:
+        texts: one string per example.
+        labels: one label per example (as strings), or None when the file was read without labels.
+        path: where it came from.
+        columns: the columns the file has, in order.
+        text_column, label_column: the columns used.
+    """
+
+    texts: list[str]
+    labels: list[str] | None
+    path: Path
+    columns: list[str]
+    text_column: str
+    label_column: str | None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def subset(self, index: list[int], name: str) -> Table:
+        """The rows ``index`` as a new table (``name`` describes it in messages)."""
+        labels = None if self.labels is None else [self.labels[i] for i in index]
+        return Table([self.texts[i] for i in index], labels, Path(name), self.columns, self.text_column,
+                     self.label_column)
+
+
+def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
+    """The column names and the rows of a CSV or JSON-lines file."""
+    if not path.exists():
+        raise AttnlabError(f"data file not found: {path}")
+    if not path.is_file():
+        raise AttnlabError(f"data path is not a file: {path}")
+    try:
+        raw = path.read_text(encoding="utf-8-sig")  # -sig: a spreadsheet's byte-order mark is not a column name
+    except UnicodeDecodeError as err:
+        raise AttnlabError(f"{path} is not UTF-8 text (byte {err.start} cannot be decoded)") from err
+    if path.suffix.lower() in JSON_SUFFIXES:
+        rows: list[dict[str, object]] = []
+        columns: dict[str, None] = {}
+        for lineno, line in enumerate(raw.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise AttnlabError(f"{path}:{lineno}: not a JSON object per line ({err.msg})") from err
+            if not isinstance(obj, dict):
+                raise AttnlabError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            columns.update(dict.fromkeys(obj))
+            rows.append(obj)
+        return list(columns), rows
+    delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
+    try:
+        reader = csv.DictReader(raw.splitlines(), delimiter=delimiter)
+        fields = list(reader.fieldnames or [])
+        rows = [dict(r) for r in reader]
+    except csv.Error as err:
+        raise AttnlabError(f"{path} is not a readable CSV file: {err}") from err
+    return fields, rows
+
+
+def pick_label_column(columns: list[str], text_column: str, label_column: str | None, path: Path,
+                      prefer: str | None = None) -> str:
+    """The label column: the one asked for, else ``prefer`` if present (the column a run was trained on),
+    else ``label``, else the only other column of a two-column file."""
+    if label_column is None and prefer in columns:
+        return prefer
+    if label_column is not None:
+        if label_column not in columns:
+            raise AttnlabError(f"{path} has no label column {label_column!r}; its columns are {columns}")
+        return label_column
+    if "label" in columns:
+        return "label"
+    others = [c for c in columns if c != text_column]
+    if len(columns) == 2 and len(others) == 1:
+        return others[0]
+    raise AttnlabError(f"{path} has no 'label' column and not exactly one other column besides {text_column!r} "
+                       f"to use instead; its columns are {columns}: pass --label-column")
+
+
+def read_table(
+    path: str | Path,
+    *,
+    text_column: str = "text",
+    label_column: str | None = None,
+    prefer_label_column: str | None = None,
+    with_labels: bool = True,
+) -> Table:
+    """Read a CSV or JSON-lines file of labelled texts.
+
+    Args:
+        path: the file.
+        text_column: the column holding the text.
+        label_column: the column holding the label (None: ``label``, or the one other column).
+        prefer_label_column: used when ``label_column`` is None and the file has it.
+        with_labels: read the labels too (False for ``predict``-style input, where there may be none).
+
+    Raises:
+        AttnlabError: missing file, no such column, empty texts or missing labels, no rows.
+    """
+    path = Path(path)
+    columns, rows = _read_rows(path)
+    if not rows:
+        raise AttnlabError(f"{path} holds no rows")
+    if text_column not in columns:
+        raise AttnlabError(f"{path} has no text column {text_column!r}; its columns are {columns}: pass --text-column")
+    label_col = pick_label_column(columns, text_column, label_column, path, prefer_label_column) if with_labels else None
+    texts = [_cell(r.get(text_column)) for r in rows]
+    empty = [i for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        raise AttnlabError(f"{path}: {len(empty)} row(s) have an empty {text_column!r} (first: {_row_name(path, empty[0])})")
+    labels = None
+    if label_col is not None:
+        labels = [_cell(r.get(label_col)).strip() for r in rows]
+        missing = [i for i, lab in enumerate(labels) if not lab]
+        if missing:
+            raise AttnlabError(f"{path}: {len(missing)} row(s) have no {label_col!r} label "
+                               f"(first: {_row_name(path, missing[0])})")
+    return Table(texts, labels, path, columns, text_column, label_col)
+
+
+def _cell(value: object) -> str:
+    """A cell as text: JSON numbers and booleans become their JSON spelling, a missing cell ''."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _row_name(path: Path, index: int) -> str:
+    """A row's human number: the line of a JSON-lines file, the data row (after the header) of a CSV."""
+    return f"row {index + 1}" if path.suffix.lower() in JSON_SUFFIXES else f"data row {index + 1}"
+
+
+def check_classes(table: Table) -> list[str]:
+    """The sorted label set of a training table; one class is an error (nothing to learn)."""
+    assert table.labels is not None
+    classes = sorted(set(table.labels))
+    if len(classes) < 2:
+        raise AttnlabError(f"{table.path}: the label column {table.label_column!r} holds one class only "
+                           f"({classes[0]!r}); a classifier needs at least two")
+    return classes
+
+
+def split_off(table: Table, fraction: float, seed: int) -> tuple[Table, Table]:
+    """Carve a validation table off ``table``: a random ``fraction`` of the rows, fixed by ``seed``.
+
+    Returns:
+        (training rows, validation rows), each in the file's order.
+    """
+    if not 0.0 < fraction < 1.0:
+        raise AttnlabError(f"--valid-fraction must be between 0 and 1, got {fraction}")
+    n_valid = round(len(table) * fraction)
+    if n_valid < 1 or n_valid >= len(table):
+        raise AttnlabError(f"{table.path} has {len(table)} rows: too few to hold out {fraction:.0%} for validation")
+    order = list(range(len(table)))
+    random.Random(seed).shuffle(order)
+    valid, train = sorted(order[:n_valid]), sorted(order[n_valid:])
+    return (table.subset(train, f"{table.path} (training part)"),
+            table.subset(valid, f"{table.path} (validation part)"))
+
+
+def fingerprint(path: str | Path) -> str:
+    """SHA-256 of a file's bytes: a resumed run checks that its training data did not change."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,440 @@
+"""Translation: the core encoder-decoder trained on parallel text with the shared engine.
+
+The task gives the :class:`~attnlab.training.Trainer` three things (its ``Task`` protocol):
+
+* **batches**: sentence pairs grouped by length into batches of at most ``max_tokens`` padded positions
+  a side (:mod:`attnlab.tasks.parallel_data`), each with ``count`` = its real target tokens, so the engine
+  divides the summed loss by the number of predicted tokens over the whole global batch;
+* **loss**: label-smoothed cross-entropy (0.1 by default), summed, padding ignored;
+* **evaluate**: teacher-forced loss on the validation pairs and BLEU of greedy free-running translations
+  of the validation sources; the best BLEU is kept (``select="bleu"``), or the lowest loss.
+
+A run folder holds ``config.json`` (task ``"translate"``, the model, the optimisation, :class:`TranslateSettings`),
+the BPE tokenizer(s), and the engine's weights and checkpoint. :func:`load_translator` reads it back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.data import BOS_ID, EOS_ID, PAD_ID, BPETokenizer, load_tokenizer
+from attnlab.errors import AttnlabError
+from attnlab.nn import Transformer, padding_mask
+from attnlab.nn.attention import KVCache
+from attnlab.tasks.decoding import DecodeSettings, translate_ids
+from attnlab.tasks.parallel_data import (
+    Pairs,
+    check_nonempty,
+    collate,
+    encode_pairs,
+    read_lines,
+    read_parallel,
+    real_tokens,
+    sorted_chunks,
+    source_ids,
+    token_batches,
+)
+from attnlab.training import Batch, TrainConfig, Trainer, TrainResult, seed_everything
+from attnlab.training.checkpoint import MODEL_CLASSES, load_run, model_config, read_run_config, write_run_config
+from attnlab.training.checkpoint import build_model as rebuild_model
+from attnlab.training.distributed import Place, shard
+from attnlab.training.engine import config_dict
+
+TASK = "translate"
+
+#: The benchmark recipe (bench/multi30k.sh), also the defaults of ``attnlab train translate``.
+RECIPE_MODEL: dict[str, Any] = dict(
+    d_model=256, num_layers=3, num_heads=4, d_ff=1024, dropout=0.1, max_src_positions=256, max_tgt_positions=256,
+)
+RECIPE_TRAIN: dict[str, Any] = dict(
+    lr=1e-3, warmup_steps=800, schedule="inverse_sqrt", betas=(0.9, 0.98), weight_decay=1e-4, grad_clip=1.0,
+    max_steps=1_000_000, max_seconds=3600.0, eval_every=500,
+)
+
+
+class LeakyTransformer(Transformer):
+    """The encoder-decoder **without the look-ahead mask** in teacher-forced training: a deliberate bug.
+
+    Under teacher forcing its decoder self-attention hides only padding, so position ``t`` can read the
+    token it is asked to predict from position ``t + 1`` of its own input. The loss drops far below a
+    correct model's; free-running decoding has no future to read and the translations collapse (the
+    teacher-forcing report). Incremental decoding with caches is unchanged: a cache holds only the past.
+    """
+
+    def decode(self, tgt: Tensor, memory: Tensor, memory_attend_mask: Tensor, *, need_weights: bool = False,
+               caches: list[tuple[KVCache, KVCache]] | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        if caches is not None:
+            return super().decode(tgt, memory, memory_attend_mask, need_weights=need_weights, caches=caches)
+        self_mask = padding_mask(tgt, self.pad_id)  # (batch, 1, 1, tgt): padding only, every position sees all
+        states, weights = self.decoder(tgt, memory, self_attend_mask=self_mask, memory_attend_mask=memory_attend_mask,
+                                       need_weights=need_weights)
+        return self.output(states), weights
+
+
+# Run configs name their model class; this makes a leaky run loadable like any other.
+MODEL_CLASSES.setdefault("LeakyTransformer", LeakyTransformer)
+
+
+@dataclass
+class TranslateSettings:
+    """Task settings stored in ``config.json`` (everything but the model shape and the optimiser).
+
+    Attributes:
+        src, tgt: language suffixes of the corpus files (``PREFIX.src``, ``PREFIX.tgt``).
+        joint_vocab: one BPE vocabulary trained on both sides (allows shared embeddings), else one a side.
+        vocab_size: BPE vocabulary size (each, when separate).
+        max_tokens: padded positions a side per training batch.
+        label_smoothing: probability mass spread over the vocabulary in the training loss.
+        look_ahead_mask: False trains :class:`LeakyTransformer` (the teacher-forcing experiment only).
+        select: ``"bleu"`` keeps the weights with the best validation BLEU, ``"loss"`` the lowest loss.
+        valid_sentences: validate on the first N validation pairs only (0 = all).
+        tokenizers: file names of the source and target tokenizers inside the run folder.
+    """
+
+    src: str = "de"
+    tgt: str = "en"
+    joint_vocab: bool = True
+    vocab_size: int = 10000
+    max_tokens: int = 3000
+    label_smoothing: float = 0.1
+    look_ahead_mask: bool = True
+    select: str = "bleu"
+    valid_sentences: int = 0
+    tokenizers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TranslateSettings:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# --------------------------------------------------------------------------------------------------
+# scores
+
+
+def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
+    """sacreBLEU's BLEU (cased, 13a tokenization, on detokenized text) and chrF, with their signatures."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    if len(hypotheses) != len(references):
+        raise AttnlabError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    bleu, chrf = BLEU(), CHRF()
+    b = bleu.corpus_score(list(hypotheses), [list(references)])
+    c = chrf.corpus_score(list(hypotheses), [list(references)])
+    return {"bleu": b.score, "chrf": c.score, "signature": str(bleu.get_signature()),
+            "chrf_signature": str(chrf.get_signature()), "bleu_detail": str(b), "sentences": len(hypotheses)}
+
+
+def teacher_forced_nll(model: nn.Module, pairs: Pairs, *, max_tokens: int = 8000) -> float:
+    """Mean negative log-likelihood per target token (eos included) with the reference as decoder input.
+
+    No label smoothing: this is the plain loss that perplexity is ``exp`` of.
+    """
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        for chunk in sorted_chunks(pairs.lengths(), max_tokens):
+            data = {k: v.to(device) for k, v in collate(pairs, chunk).items()}
+            logits = model(data["src"], data["tgt_in"])
+            total += float(F.cross_entropy(logits.flatten(0, 1).float(), data["tgt_out"].flatten(),
+                                           ignore_index=PAD_ID, reduction="sum"))
+            count += real_tokens(data["tgt_out"])
+    return total / max(count, 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# the task
+
+
+class TranslationTask:
+    """Batches, loss and evaluation of translation for :class:`~attnlab.training.Trainer`.
+
+    Args:
+        train: encoded training pairs.
+        valid: encoded validation pairs (teacher-forced loss).
+        valid_sources: validation sources as encoder inputs, and ``valid_refs`` their reference texts
+            (BLEU; every line, even one whose target was too long for the loss).
+        tgt_tokenizer: turns generated ids back into text.
+        settings: task settings.
+        seed: batch order seed.
+    """
+
+    def __init__(self, train: Pairs, valid: Pairs, valid_sources: list[list[int]], valid_refs: list[str],
+                 tgt_tokenizer: BPETokenizer, settings: TranslateSettings, seed: int = 0) -> None:
+        self.train, self.valid = train, valid
+        self.valid_sources, self.valid_refs = valid_sources, valid_refs
+        self.tgt_tokenizer, self.settings, self.seed = tgt_tokenizer, settings, seed
+
+    def batches(self, epoch: int, place: Place) -> Iterator[Batch]:
+        """Length-bucketed token batches; under DDP each process takes every ``world``-th pair of a batch."""
+        for index in token_batches(self.train, max_tokens=self.settings.max_tokens, seed=self.seed, epoch=epoch):
+            if len(index) < place.world:
+                continue  # every process needs a share; the same batches are skipped on all of them
+            data = collate(self.train, shard(index, place))
+            yield Batch(data, count=real_tokens(data["tgt_out"]),
+                        tokens=real_tokens(data["src"]) + real_tokens(data["tgt_out"]))
+
+    def loss(self, model: nn.Module, data: dict[str, Tensor]) -> Tensor:
+        """Summed label-smoothed cross-entropy over the real target tokens (padding ignored)."""
+        logits = model(data["src"], data["tgt_in"])  # (batch, tgt, vocab)
+        return F.cross_entropy(logits.flatten(0, 1).float(), data["tgt_out"].flatten(), ignore_index=PAD_ID,
+                               label_smoothing=self.settings.label_smoothing, reduction="sum")
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Teacher-forced loss and greedy BLEU/chrF on the validation set; ``score`` by ``settings.select``."""
+        nll = teacher_forced_nll(model, self.valid)
+        hyps = translate_ids(model, self.valid_sources, DecodeSettings(beam_size=1))
+        scores = corpus_scores([self.tgt_tokenizer.decode(h) for h in hyps], self.valid_refs)
+        metrics = {"loss": nll, "ppl": math.exp(min(nll, 50.0)), "bleu": scores["bleu"], "chrf": scores["chrf"]}
+        metrics["score"] = -nll if self.settings.select == "loss" else scores["bleu"]
+        return metrics
+
+
+# --------------------------------------------------------------------------------------------------
+# tokenizers and data
+
+
+def train_tokenizers(src_lines: Sequence[str], tgt_lines: Sequence[str], settings: TranslateSettings
+                     ) -> tuple[BPETokenizer, BPETokenizer]:
+    """BPE on the training side only: one joint vocabulary, or one per language."""
+    if settings.joint_vocab:
+        joint = BPETokenizer.train([*src_lines, *tgt_lines], vocab_size=settings.vocab_size)
+        return joint, joint
+    return (BPETokenizer.train(src_lines, vocab_size=settings.vocab_size),
+            BPETokenizer.train(tgt_lines, vocab_size=settings.vocab_size))
+
+
+def save_tokenizers(run: Path, src_tok: BPETokenizer, tgt_tok: BPETokenizer, settings: TranslateSettings) -> None:
+    """Write ``tokenizer.json`` (joint) or ``tokenizer.SRC.json`` and ``tokenizer.TGT.json``; record the names."""
+    if src_tok is tgt_tok:
+        settings.tokenizers = {"src": "tokenizer.json", "tgt": "tokenizer.json"}
+        src_tok.save(run / "tokenizer.json")
+        return
+    settings.tokenizers = {"src": f"tokenizer.{settings.src}.json", "tgt": f"tokenizer.{settings.tgt}.json"}
+    src_tok.save(run / settings.tokenizers["src"])
+    tgt_tok.save(run / settings.tokenizers["tgt"])
+
+
+def load_tokenizers(run: Path, settings: TranslateSettings) -> tuple[BPETokenizer, BPETokenizer]:
+    """The run's source and target tokenizers (one object when the vocabulary is joint)."""
+    names = settings.tokenizers or {"src": "tokenizer.json", "tgt": "tokenizer.json"}
+    src_tok = load_tokenizer(run / names["src"])
+    tgt_tok = src_tok if names["tgt"] == names["src"] else load_tokenizer(run / names["tgt"])
+    if not isinstance(src_tok, BPETokenizer) or not isinstance(tgt_tok, BPETokenizer):
+        raise AttnlabError(f"{run} holds no BPE tokenizer for translation")
+    return src_tok, tgt_tok
+
+
+def _encode_corpus(prefix: str | Path, src_tok: BPETokenizer, tgt_tok: BPETokenizer, settings: TranslateSettings,
+                   model_kwargs: dict[str, Any], what: str) -> tuple[Pairs, list[str], list[str]]:
+    src_lines, tgt_lines = read_parallel(prefix, settings.src, settings.tgt)
+    pairs = encode_pairs(src_tok.encode_batch(src_lines), tgt_tok.encode_batch(tgt_lines),
+                         model_kwargs["max_src_positions"], model_kwargs["max_tgt_positions"], what)
+    return pairs, src_lines, tgt_lines
+
+
+# --------------------------------------------------------------------------------------------------
+# training
+
+
+def build_model(vocab: tuple[int, int], model_kwargs: dict[str, Any], *, share_embeddings: bool, tie_output: bool,
+                look_ahead_mask: bool = True) -> Transformer:
+    """The core encoder-decoder (or its leaky variant) for these vocabulary sizes."""
+    cls = Transformer if look_ahead_mask else LeakyTransformer
+    model = cls(vocab[0], vocab[1], pad_id=PAD_ID, share_embeddings=share_embeddings, tie_output=tie_output,
+                **model_kwargs)
+    # nn.Embedding draws from N(0, 1). Times sqrt(d) at the input that is loud but harmless; as the tied
+    # output matrix it makes the first logits ~sqrt(d) wide and the softmax nearly one-hot, and training
+    # stalls. N(0, 1/d) (fairseq, tensor2tensor) gives unit-scale logits and the same input scale as the paper.
+    for table in {id(t): t for t in (model.encoder.embed.tokens, model.decoder.embed.tokens)}.values():
+        nn.init.normal_(table.weight, std=model_kwargs["d_model"] ** -0.5)
+    return model
+
+
+def train_translation(
+    *,
+    train: str | Path,
+    valid: str | Path,
+    out: str | Path,
+    settings: TranslateSettings,
+    model_kwargs: dict[str, Any] | None = None,
+    share_embeddings: bool = True,
+    tie_output: bool = True,
+    train_config: TrainConfig | None = None,
+    resume: bool = False,
+    log: Callable[[str], None] = print,
+) -> TrainResult:
+    """Train (or resume) a translation run in ``out`` and return the engine's summary.
+
+    A fresh run trains the tokenizer(s) on the training side, writes them and ``config.json``, then
+    trains; ``resume=True`` reads both back from ``out`` and continues from its checkpoint.
+    """
+    out = Path(out)
+    config = train_config or TrainConfig(**RECIPE_TRAIN)
+    if resume:
+        run_cfg = read_run_config(out, TASK)
+        settings = TranslateSettings.from_dict(run_cfg["settings"])
+        model_kwargs = {k: run_cfg["model"]["kwargs"][k] for k in ("max_src_positions", "max_tgt_positions")}
+        src_tok, tgt_tok = load_tokenizers(out, settings)
+    else:
+        model_kwargs = {**RECIPE_MODEL, **(model_kwargs or {})}
+        if share_embeddings and not settings.joint_vocab:
+            raise AttnlabError("shared embeddings need the joint vocabulary (--joint-vocab) or --no-share-embeddings")
+        src_lines, tgt_lines = read_parallel(train, settings.src, settings.tgt)
+        log(f"training BPE ({'joint' if settings.joint_vocab else 'separate'}, {settings.vocab_size}) "
+            f"on {len(src_lines)} training pairs")
+        src_tok, tgt_tok = train_tokenizers(src_lines, tgt_lines, settings)
+    train_pairs, _, _ = _encode_corpus(train, src_tok, tgt_tok, settings, model_kwargs, "training")
+    valid_pairs, valid_src, valid_ref = _encode_corpus(valid, src_tok, tgt_tok, settings, model_kwargs, "validation")
+    if settings.valid_sentences:
+        valid_pairs = Pairs(*(x[: settings.valid_sentences] for x in (valid_pairs.src, valid_pairs.tgt, valid_pairs.kept)))
+        valid_src, valid_ref = valid_src[: settings.valid_sentences], valid_ref[: settings.valid_sentences]
+    valid_sources = source_ids(src_tok.encode_batch(valid_src), model_kwargs["max_src_positions"], "validation source")
+    seed_everything(config.seed)
+    if resume:
+        model = rebuild_model(run_cfg["model"])
+    else:
+        model = build_model((src_tok.vocab_size, tgt_tok.vocab_size), model_kwargs, share_embeddings=share_embeddings,
+                            tie_output=tie_output, look_ahead_mask=settings.look_ahead_mask)
+        out.mkdir(parents=True, exist_ok=True)
+        save_tokenizers(out, src_tok, tgt_tok, settings)
+        write_run_config(out, {"task": TASK, "model": model_config(model), "train": config_dict(config),
+                               "settings": asdict(settings), "data": {"train": str(train), "valid": str(valid)}})
+    task = TranslationTask(train_pairs, valid_pairs, valid_sources, valid_ref, tgt_tok, settings, seed=config.seed)
+    log(f"{len(train_pairs)} training pairs, {len(valid_pairs)} validation pairs; model {type(model).__name__} "
+        f"with {model.num_parameters():,} parameters")
+    trainer = Trainer(model, task, config, out)
+    try:
+        return trainer.fit(resume=resume)
+    finally:
+        trainer.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# using a trained run
+
+
+@dataclass
+class Translator:
+    """A trained run ready to translate: model (eval mode), tokenizers and settings."""
+
+    model: Transformer
+    src_tokenizer: BPETokenizer
+    tgt_tokenizer: BPETokenizer
+    settings: TranslateSettings
+    config: dict[str, Any]
+
+    @property
+    def max_src_positions(self) -> int:
+        return self.model.encoder.embed.max_positions
+
+    def encode_sources(self, lines: Sequence[str]) -> list[list[int]]:
+        """Encoder inputs for raw lines (the length rule truncates, with one warning)."""
+        return source_ids(self.src_tokenizer.encode_batch(list(lines)), self.max_src_positions)
+
+    def translate(self, lines: Sequence[str], decode: DecodeSettings | None = None, *, max_tokens: int = 6000,
+                  on_batch: Callable[[int], None] | None = None) -> list[str]:
+        """Detokenized translations of ``lines``, in order."""
+        hyps = translate_ids(self.model, self.encode_sources(lines), decode or DecodeSettings(),
+                             max_tokens=max_tokens, on_batch=on_batch)
+        return [self.tgt_tokenizer.decode(h) for h in hyps]
+
+
+def load_translator(run: str | Path) -> Translator:
+    """Read a translation run folder; a run of another task is a clear :class:`AttnlabError`."""
+    run = Path(run)
+    model, config = load_run(run, TASK)
+    if not isinstance(model, Transformer):
+        raise AttnlabError(f"{run} holds a {type(model).__name__}, not an encoder-decoder Transformer")
+    settings = TranslateSettings.from_dict(config.get("settings", {}))
+    src_tok, tgt_tok = load_tokenizers(run, settings)
+    return Translator(model, src_tok, tgt_tok, settings, config)
+
+
+def read_sentences(path: str | Path) -> list[str]:
+    """A one-sentence-a-line file (``.gz`` allowed), empty lines reported with their numbers."""
+    lines = read_lines(path)
+    check_nonempty(lines, path)
+    return lines
+
+
+@dataclass
+class CrossAttention:
+    """One sentence's translation and the cross-attention of one decoder layer, averaged over heads.
+
+    Attributes:
+        src_pieces: source subword pieces (S,), ending in ``<eos>``.
+        out_pieces: output pieces (T,), ending in ``<eos>``.
+        weights: (T, S); row ``t`` is where the decoder looked while predicting output piece ``t``.
+        translation: the detokenized output.
+        layer: the decoder layer (from 1) and ``layers`` how many there are; ``heads`` averaged.
+    """
+
+    src_pieces: list[str]
+    out_pieces: list[str]
+    weights: Tensor
+    translation: str
+    layer: int
+    layers: int
+    heads: int
+
+
+def cross_attention(translator: Translator, sentence: str, *, layer: int | None = None,
+                    decode: DecodeSettings | None = None) -> CrossAttention:
+    """Translate one sentence and return the cross-attention weights of one decoder layer (default: the last).
+
+    The translation is fed back through the decoder with teacher forcing, which gives the very weights
+    the free-running decoder used step by step (the decoder is causal, so no step sees a later one).
+    """
+    model = translator.model
+    layers = len(model.decoder.layers)
+    layer = layers if layer is None else layer
+    if not 1 <= layer <= layers:
+        raise AttnlabError(f"--layer must be between 1 and {layers}, got {layer}")
+    src = torch.tensor(translator.encode_sources([sentence]))
+    hyp = translate_ids(model, src.tolist(), decode or DecodeSettings())[0]
+    with torch.inference_mode():
+        _, weights = model(src, torch.tensor([[BOS_ID, *hyp]]), return_attention=True)
+    att = weights[f"decoder_layer{layer}_block2_decenc_att"][0]  # (heads, T, S)
+    return CrossAttention(
+        src_pieces=[translator.src_tokenizer.hf.id_to_token(i) for i in src[0].tolist()],
+        out_pieces=[translator.tgt_tokenizer.hf.id_to_token(i) for i in [*hyp, EOS_ID]],
+        weights=att.mean(0), translation=translator.tgt_tokenizer.decode(hyp), layer=layer, layers=layers,
+        heads=att.shape[0],
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# teacher forcing versus free running
+
+
+def teacher_forcing_rows(runs: dict[str, str | Path], valid: str | Path, decode: DecodeSettings | None = None,
+                         ) -> list[dict[str, Any]]:
+    """Per run: validation loss under teacher forcing next to BLEU/chrF of free-running decoding.
+
+    Teacher forcing feeds the reference prefix and asks only for the next token, so a model that can
+    peek at that token (no look-ahead mask) scores a near-zero loss. Free running feeds the model its own
+    outputs, where there is nothing to peek at, and shows what it really learned.
+    """
+    rows = []
+    for name, run in runs.items():
+        tr = load_translator(run)
+        src_lines, ref_lines = read_parallel(valid, tr.settings.src, tr.settings.tgt)
+        kwargs = tr.model.config
+        pairs = encode_pairs(tr.src_tokenizer.encode_batch(src_lines), tr.tgt_tokenizer.encode_batch(ref_lines),
+                             kwargs["max_src_positions"], kwargs["max_tgt_positions"], "validation")
+        nll = teacher_forced_nll(tr.model, pairs)
+        scores = corpus_scores(tr.translate(src_lines, decode or DecodeSettings(beam_size=1)), ref_lines)
+        rows.append({"model": name, "run": str(run), "look_ahead_mask": not isinstance(tr.model, LeakyTransformer),
+                     "teacher_forced_loss": nll, "teacher_forced_ppl": math.exp(min(nll, 50.0)),
+                     "free_running_bleu": scores["bleu"], "free_running_chrf": scores["chrf"],
+                     "signature": scores["signature"]})
+    return rows

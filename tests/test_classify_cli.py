@@ -1,0 +1,212 @@
+"""``attnlab train classify``, ``eval classify``, ``predict`` and ``probe`` end to end (in process), and bad input."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from attnlab.cli.main import cli
+from attnlab.errors import AttnlabError
+from attnlab.training.checkpoint import save_checkpoint
+from test_classify_data import write_tickets
+
+# A tiny model and no GloVe: seconds per run. Threads pinned so that runs repeat bit for bit.
+SMALL = ["--glove", "none", "--glove-words", "0", "--d-model", "32", "--heads", "2", "--d-ff", "64",
+         "--batch-size", "16", "--lr", "3e-3", "--threads", "1", "--no-progress", "--max-seconds", "0"]
+
+
+def run(*args, input=None):
+    result = CliRunner().invoke(cli, [str(a) for a in args], input=input)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One run shared by the read-only tests below: 300 tickets, 10 epochs."""
+    root = tmp_path_factory.mktemp("classify")
+    train = write_tickets(root / "train.csv", 300, seed=0)
+    result = run("train", "classify", "--train", train, "--out", root / "run", "--epochs", "10", *SMALL)
+    assert result.exit_code == 0, result.output
+    return root, result.output
+
+
+def test_training_learns_and_writes_the_run_folder(trained):
+    root, output = trained
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("final validation accuracy") and "wall time" in last
+    accuracy = float(last.split()[3].rstrip("%")) / 100
+    assert accuracy >= 0.8  # 4 teams named by keywords: chance is 25%
+    run_dir = root / "run"
+    for name in ("model.safetensors", "tokenizer.json", "config.json", "metrics.jsonl", "loss.png", "result.json",
+                 "checkpoint/trainer.json"):
+        assert (run_dir / name).is_file(), name
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["task"] == "classify" and config["labels"] == ["account", "delivery", "payment", "refund"]
+    assert config["tokenizer_kind"] == "word" and config["label_column"] == "team"
+    assert config["model"]["class"] == "TextClassifier" and config["data"]["valid_rows"] == 30
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["accuracy"] == pytest.approx(accuracy, abs=5e-5)
+
+
+def test_eval_json_table_and_unseen_labels(trained):
+    root, _ = trained
+    test = write_tickets(root / "test.csv", 80, seed=1)
+    with open(test, "a", encoding="utf-8") as f:
+        f.write("where is my new card,cards\nlost my card again,cards\n")  # a label the run never saw
+    result = run("eval", "classify", root / "run", "--data", test, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["total"] == 82 and report["unseen"] == {"cards": 2}
+    assert 0.7 <= report["accuracy"] <= 80 / 82 and 0 < report["macro_f1"] <= 1
+    assert {r["label"] for r in report["per_class"]} == {"account", "delivery", "payment", "refund", "cards"}
+    assert sum(r["support"] for r in report["per_class"]) == 82
+    assert (root / "run" / "confusion-test.png").stat().st_size > 5000
+    table = run("eval", "classify", root / "run", "--data", test, "--confusion", root / "cm.png")
+    assert "labels not seen in training, counted as errors: cards (2)" in table.output
+    assert table.output.strip().splitlines()[-1].startswith(f"accuracy {report['accuracy']:.2%}")
+    assert (root / "cm.png").is_file()
+
+
+def test_predict_arguments_and_stdin(trained):
+    root, _ = trained
+    result = run("predict", root / "run", "my parcel has not arrived", "i forgot my password", "--json")
+    rows = [json.loads(line) for line in result.output.splitlines()]
+    assert [r["label"] for r in rows] == ["delivery", "account"]
+    top = [t["probability"] for t in rows[0]["top"]]
+    assert len(top) == 3 and top[0] == rows[0]["probability"] and top == sorted(top, reverse=True) and sum(top) <= 1
+    piped = run("predict", root / "run", input="refund my money please\n\ncharged twice on my card\n")
+    lines = piped.output.strip().splitlines()
+    assert len(lines) == 2 and lines[0].split("\t")[0] == "refund" and lines[1].split("\t")[0] == "payment"
+    assert lines[0].split("\t")[-1] == "refund my money please"
+
+
+def test_probes_order_and_padding(trained):
+    root, _ = trained
+    test = write_tickets(root / "probe.csv", 60, seed=2)
+    order = json.loads(run("probe", "order", root / "run", "--data", test, "--json").output)
+    assert order["texts"] == 60 and order["positions"] == "learned"
+    assert order["zeroed_identical"] is True and order["zeroed"] == order["zeroed_shuffled"]
+    assert 0 <= order["changed_by_shuffle"] <= 1 and order["in_order"] > 0.6
+    padding = json.loads(run("probe", "padding", root / "run", "--data", test, "--json").output)
+    assert padding["mask_identical"] is True and padding["alone"] == padding["padded_mask"]
+    assert padding["no_mask_max_diff"] > 1e-3  # without the mask the padding is read like words
+    assert padding["inverted_all_hidden"] >= 1 and padding["inverted_nan"] == 0
+    assert padding["example"]["padding"] == padding["longest"] - padding["example"]["tokens"] > 0
+    text = run("probe", "padding", root / "run", "--data", test).output
+    assert "padded, without mask:" in text and "accuracy with the mask inverted" in text
+
+
+def test_bow_and_bpe_variants_train(tmp_path):
+    train = write_tickets(tmp_path / "train.jsonl", 200, seed=3)
+    for extra in (["--model", "bow"], ["--tokenizer", "bpe", "--bpe-vocab-size", "120", "--layers", "1"]):
+        out = tmp_path / extra[1]
+        result = run("train", "classify", "--train", train, "--out", out, "--epochs", "2", *SMALL, *extra)
+        assert result.exit_code == 0, result.output
+        assert run("predict", out, "where is the courier").exit_code == 0
+    probe = json.loads(run("probe", "order", tmp_path / "bow", "--data", train, "--json").output)
+    assert probe["positions"] == "none" and probe["in_order"] == probe["shuffled"]
+
+
+def one_error_line(result):
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+def test_bad_training_input_is_one_line_and_exit_2(tmp_path):
+    good = write_tickets(tmp_path / "good.csv", 40)
+    train = ["train", "classify", "--out", tmp_path / "out", *SMALL, "--epochs", "1"]
+    assert "not found" in one_error_line(run(*train, "--train", tmp_path / "missing.csv"))
+    assert "no label column 'intent'" in one_error_line(run(*train, "--train", good, "--label-column", "intent"))
+    empty = tmp_path / "empty.csv"
+    empty.write_text("text,label\nhello,a\n,b\n", encoding="utf-8")
+    assert "empty 'text'" in one_error_line(run(*train, "--train", empty))
+    single = tmp_path / "single.csv"
+    single.write_text("text,label\n" + "".join(f"text {i},same\n" for i in range(20)), encoding="utf-8")
+    assert "one class only" in one_error_line(run(*train, "--train", single))
+    three = tmp_path / "three.csv"
+    three.write_text("text,a,b\nx,1,2\n", encoding="utf-8")
+    assert "['text', 'a', 'b']" in one_error_line(run(*train, "--train", three))
+    assert not (tmp_path / "out").exists()  # nothing was started
+
+
+def test_bad_run_folders_are_one_line_and_exit_2(trained, tmp_path):
+    root, _ = trained
+    data = write_tickets(tmp_path / "d.csv", 10)
+    assert "not an attnlab run folder" in one_error_line(run("eval", "classify", tmp_path, "--data", data))
+    assert "not a folder" in one_error_line(run("predict", tmp_path / "nothing", "hi"))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (broken / name).write_bytes((root / "run" / name).read_bytes())
+    (broken / "model.safetensors").write_bytes((root / "run" / "model.safetensors").read_bytes()[:300])
+    assert "not a readable safetensors file" in one_error_line(run("eval", "classify", broken, "--data", data))
+    assert "is a 'lm' run" in one_error_line(run("predict", _lm_run(tmp_path), "hi"))
+    out = tmp_path / "again"
+    train = write_tickets(tmp_path / "t.csv", 40)
+    assert run("train", "classify", "--train", train, "--out", out, *SMALL, "--steps", "2").exit_code == 0
+    assert "already holds a run" in one_error_line(run("train", "classify", "--train", train, "--out", out, *SMALL))
+    other = write_tickets(tmp_path / "other.csv", 40, seed=9)
+    assert "not the training file" in one_error_line(
+        run("train", "classify", "--train", other, "--out", out, *SMALL, "--resume"))
+
+
+def _lm_run(tmp_path):
+    folder = tmp_path / "lm"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"task": "lm", "model": {}}), encoding="utf-8")
+    return folder
+
+
+def test_a_failed_checkpoint_write_leaves_the_good_one(trained, tmp_path, monkeypatch):
+    """A write that dies half-way (disk full, kill) must not replace the last good checkpoint or weights."""
+    root, _ = trained
+    run_dir = tmp_path / "copy"
+    run_dir.mkdir()
+    for path in (root / "run").rglob("*"):
+        target = run_dir / path.relative_to(root / "run")
+        if path.is_dir():
+            target.mkdir(exist_ok=True)
+        else:
+            target.write_bytes(path.read_bytes())
+    before = load_file(run_dir / "checkpoint" / "model.safetensors")
+
+    def dies(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("attnlab.training.checkpoint.save_file", dies)
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(OSError):
+        save_checkpoint(run_dir, model, torch.optim.AdamW(model.parameters()), {"step": 999})
+    after = load_file(run_dir / "checkpoint" / "model.safetensors")
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert json.loads((run_dir / "checkpoint" / "trainer.json").read_text())["trainer"]["step"] != 999
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
+    assert run("predict", run_dir, "where is my parcel").exit_code == 0
+
+
+def test_settings_reject_unknown_names():
+    from attnlab.tasks.classify_train import ClassifySettings
+
+    with pytest.raises(AttnlabError, match="unknown classification settings: colour"):
+        ClassifySettings().with_overrides(colour="red")
+
+
+def test_a_fitted_schedule_is_the_same_run_as_its_fixed_length(tmp_path):
+    """--epochs 0 times a few steps on a copy of the model; that must not change the run it then makes."""
+    train = write_tickets(tmp_path / "t.csv", 120, seed=4)
+    at = SMALL.index("--max-seconds")
+    common = SMALL[:at] + SMALL[at + 2 :]
+    fitted = run("train", "classify", "--train", train, "--out", tmp_path / "fit", *common, "--max-seconds", "120",
+                 "--max-epochs", "2")
+    assert "schedule: 2 epochs of 7 steps fit in 120 s" in fitted.output, fitted.output
+    fixed = run("train", "classify", "--train", train, "--out", tmp_path / "fix", *common, "--max-seconds", "120",
+                "--epochs", "2")
+    assert "schedule:" not in fixed.output
+    a, b = load_file(tmp_path / "fit" / "model.safetensors"), load_file(tmp_path / "fix" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

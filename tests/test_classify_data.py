@@ -1,0 +1,204 @@
+"""Classification data and models: table readers, splits, encoding, token features, the model classes, probes.
+
+Also holds :func:`write_tickets`, the small synthetic data set every ``test_classify*`` file trains on.
+"""
+
+import csv
+import json
+import random
+
+import pytest
+import torch
+
+from attnlab.data import WordTokenizer, pad_batch
+from attnlab.errors import AttnlabError
+from attnlab.nn import EncoderClassifier
+from attnlab.nn.masks import padding_mask
+from attnlab.tasks.classify import ClassifyTask, encode_texts
+from attnlab.tasks.classify_features import char_ngrams, ngram_table, token_strings
+from attnlab.tasks.classify_models import TextClassifier, logits_with_mask
+from attnlab.tasks.classify_probes import positions_zeroed, shuffle_each
+from attnlab.tasks.tables import check_classes, read_table, split_off
+from attnlab.training.distributed import Place
+
+TEAMS = {
+    "delivery": ["parcel", "courier", "shipping", "tracking", "arrive"],
+    "refund": ["refund", "reimburse", "return", "money"],
+    "payment": ["card", "charged", "invoice", "payment"],
+    "account": ["password", "login", "email", "profile"],
+}
+FILLER = ["please", "help", "my", "the", "is", "not", "i", "need", "urgent", "today", "hello", "order", "again", "why"]
+
+
+def tickets(n, seed=0, label_column="team"):
+    """``n`` rows whose team is named by one or two keywords among filler words."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        team = rng.choice(sorted(TEAMS))
+        words = rng.sample(FILLER, rng.randint(2, 8)) + [rng.choice(TEAMS[team]) for _ in range(rng.randint(1, 2))]
+        rng.shuffle(words)
+        rows.append({"text": " ".join(words), label_column: team})
+    return rows
+
+
+def write_tickets(path, n, seed=0, label_column="team"):
+    """Write :func:`tickets` as CSV (or JSON lines when ``path`` ends in .jsonl); returns ``path``."""
+    rows = tickets(n, seed, label_column)
+    if str(path).endswith(".jsonl"):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    else:
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    return path
+
+
+def test_csv_and_jsonl_read_the_same_rows_and_two_column_files_find_their_label(tmp_path):
+    a = read_table(write_tickets(tmp_path / "t.csv", 20))  # text,team: "team" is the one other column
+    b = read_table(write_tickets(tmp_path / "t.jsonl", 20))
+    assert a.texts == b.texts and a.labels == b.labels and a.label_column == "team"
+    c = read_table(write_tickets(tmp_path / "l.csv", 5, label_column="label"))
+    assert c.label_column == "label"
+
+
+@pytest.mark.parametrize(
+    ("content", "kwargs", "message"),
+    [
+        ("text,team,extra\nhi,a,x\n", {}, r"no 'label' column .* columns are \['text', 'team', 'extra'\]"),
+        ("body,team\nhi,a\n", {}, r"no text column 'text'; its columns are \['body', 'team'\]"),
+        ("text,team\nhi,a\n", {"label_column": "intent"}, r"no label column 'intent'; its columns are"),
+        ("text,team\nhi,a\n  ,b\n,c\n", {}, r"2 row\(s\) have an empty 'text' \(first: data row 2\)"),
+        ("text,team\nhi,\n", {}, r"1 row\(s\) have no 'team' label"),
+        ("text,team\n", {}, "holds no rows"),
+    ],
+)
+def test_bad_tables_are_one_clear_error(tmp_path, content, kwargs, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(AttnlabError, match=message):
+        read_table(path, **kwargs)
+
+
+def test_missing_file_bad_json_and_one_class(tmp_path):
+    with pytest.raises(AttnlabError, match="data file not found"):
+        read_table(tmp_path / "nope.csv")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a", "label": "x"}\n[1, 2]\n', encoding="utf-8")
+    with pytest.raises(AttnlabError, match=r"bad.jsonl:2: expected a JSON object"):
+        read_table(bad)
+    one = tmp_path / "one.csv"
+    one.write_text("text,label\na,x\nb,x\n", encoding="utf-8")
+    with pytest.raises(AttnlabError, match="holds one class only"):
+        check_classes(read_table(one))
+
+
+def test_split_is_seeded_disjoint_and_complete(tmp_path):
+    table = read_table(write_tickets(tmp_path / "t.csv", 50))
+    train, valid = split_off(table, 0.2, seed=3)
+    again, _ = split_off(table, 0.2, seed=3)
+    other, _ = split_off(table, 0.2, seed=4)
+    assert len(valid) == 10 and len(train) == 40 and train.texts == again.texts and train.texts != other.texts
+    assert sorted(train.texts + valid.texts) == sorted(table.texts)
+    with pytest.raises(AttnlabError, match="between 0 and 1"):
+        split_off(table, 1.5, seed=0)
+
+
+def test_truncation_is_counted_and_no_text_encodes_to_nothing():
+    tok = WordTokenizer.train(["a b c d e f"])
+    enc = encode_texts(tok, ["a b c d e f", "a b", "\u263a"], max_len=4)
+    assert [len(x) for x in enc.ids] == [4, 2, 1] and enc.truncated == 1
+    assert "1 of 3 texts were longer than the model's 4 positions" in enc.note("training")
+    assert encode_texts(tok, ["a"], max_len=4).note("x") is None
+
+
+def test_batches_cover_each_epoch_once_and_shard_evenly():
+    ids = [[2] * (1 + i % 7) for i in range(37)]
+    task = ClassifyTask(ids, [i % 3 for i in range(37)], ids[:5], [0] * 5, batch_size=8, seed=0)
+    seen = [int(x) for b in task.batches(0, Place()) for x in b.data["labels"].tolist()]
+    assert len(seen) == 37
+    ranks = [list(task.batches(1, Place(rank=r, world=2))) for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) > 0
+    assert sum(b.count for r in ranks for b in r) == 37 - sum(1 for b in task.batches(1, Place()) if b.count < 2)
+    for batch in task.batches(0, Place()):  # padded to the batch's own longest text, not a global maximum
+        assert batch.data["ids"].shape[1] == int((batch.data["ids"] != 0).sum(1).max())
+
+
+def test_char_ngrams_and_table():
+    assert char_ngrams("<ab>") == ["<ab", "ab>", "<ab>"]
+    tok = WordTokenizer(["<pad>", "<unk>", "card", "cards", "zebra"])
+    table, count = ngram_table(token_strings(tok), trained=4, per_token=8)  # "zebra" was not seen in training
+    assert table.shape == (5, 8) and table[:2].eq(0).all()
+    shared = set(table[2].tolist()) & set(table[3].tolist()) - {0}
+    assert len(shared) >= 3  # "<ca", "car", "ard", "<car", "card"...
+    assert table[4].eq(0).all() and count == len({g for w in ("<card>", "<cards>") for g in char_ngrams(w)})
+
+
+def _model(**kw):
+    torch.manual_seed(0)
+    args = dict(num_ngrams=20, ngrams_per_word=4, vector_dim=6, trained_words=9, dropout=0.0, max_positions=12)
+    args.update(kw)
+    model = TextClassifier(12, 3, 16, 2, 2, 32, **args).eval()
+    if args["num_ngrams"]:
+        model.set_features(torch.randint(0, 21, (12, 4)), torch.randn(12, 6) if args["vector_dim"] else None)
+    model.fit_idf([[2, 3, 4], [3, 4, 5, 6], [7, 8]])
+    if model.wide is not None:
+        torch.nn.init.normal_(model.wide.weight)  # a trained wide head, so that it changes the scores
+    return model
+
+
+@pytest.mark.parametrize("kw", [{}, {"layer_heads": False}, {"wide": True}, {"wide": True, "layer_heads": False},
+                                {"num_layers": 0, "positions": "none", "head_hidden": 8},
+                                {"num_ngrams": 0, "vector_dim": 0}])
+def test_text_classifier_shapes_mask_and_padding_invariance(kw):
+    if "num_layers" in kw:
+        torch.manual_seed(0)
+        model = TextClassifier(12, 3, 16, kw.pop("num_layers"), 2, 32, num_ngrams=20, ngrams_per_word=4,
+                               trained_words=9, dropout=0.0, max_positions=12, **kw).eval()
+    else:
+        model = _model(**kw)
+    ids = pad_batch([[3, 4, 5], [2, 11, 7, 8, 9, 10]])
+    logits = model(ids)
+    assert logits.shape == (2, 3)
+    torch.testing.assert_close(logits, logits_with_mask(model, ids, attend_mask=padding_mask(ids)))
+    torch.testing.assert_close(logits[0], model(ids[:1, :3])[0], atol=1e-5, rtol=1e-5)  # padding is invisible
+    assert TextClassifier(**model.config).config == model.config  # config rebuilds the same model
+    heads = model(ids, each_head=True)
+    assert heads.shape == (model.num_heads_out, 2, 3)
+    torch.testing.assert_close(model.vote(heads), logits)
+
+
+def test_wide_head_is_tfidf_weighted_and_votes_half():
+    model = _model(wide=True)
+    # ids 9.. were never seen in training (trained_words=9): no word feature, only their n-grams.
+    feats = model.wide_features(torch.tensor([[2, 10, 0]]))
+    assert feats.shape == (1, 3 * 5) and feats[0, 0] == 2 and feats[0, 1] == 0 and feats[0, 2] == 0
+    assert (feats[0, 3:] >= 9).logical_or(feats[0, 3:] == 0).all()  # n-gram features sit after the words
+    idf = model.wide_idf
+    assert idf[0] == 0 and idf[3] == idf[4] < idf[2]  # words 3 and 4 are in two of the three texts, word 2 in one
+    heads = model(torch.tensor([[2, 3, 4]]), each_head=True)
+    expected = 0.5 * heads[:-1].mean(0) + 0.5 * heads[-1]
+    torch.testing.assert_close(model(torch.tensor([[2, 3, 4]])), expected)
+
+
+def test_logits_with_mask_runs_the_core_classifier_like_its_forward():
+    torch.manual_seed(0)
+    core = EncoderClassifier(12, 3, 16, 2, 2, 32, dropout=0.0).eval()
+    ids = pad_batch([[3, 4], [5, 6, 7, 8]])
+    torch.testing.assert_close(core(ids), logits_with_mask(core, ids, attend_mask=padding_mask(ids)))
+    assert not torch.allclose(core(ids)[0], logits_with_mask(core, ids, attend_mask=None)[0])
+
+
+def test_zeroed_positions_make_order_invisible_and_come_back():
+    model = _model()
+    before = model.encoder.embed.positions.table.weight.clone()
+    ids = [[2, 3, 4, 5, 6, 7, 8]]
+    mixed = shuffle_each(ids, seed=1)
+    assert sorted(mixed[0]) == ids[0] and mixed != ids
+    x, y = torch.tensor(ids), torch.tensor(mixed)
+    assert not torch.allclose(model(x), model(y), atol=1e-5)
+    with positions_zeroed(model) as kind:
+        assert kind == "learned"
+        torch.testing.assert_close(model(x), model(y), atol=1e-5, rtol=1e-5)
+    assert torch.equal(model.encoder.embed.positions.table.weight, before)

@@ -1,0 +1,191 @@
+"""Translation end to end on a toy language pair the test writes: train, translate, evaluate, attention, reports."""
+
+import json
+import random
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from attnlab.cli.main import cli
+from attnlab.data import BOS_ID, EOS_ID, PAD_ID, pad_batch
+from attnlab.tasks.decoding import DecodeSettings, beam_search, greedy_search, length_normalised
+from attnlab.tasks.translate import (
+    TranslateSettings,
+    corpus_scores,
+    cross_attention,
+    load_translator,
+    teacher_forcing_rows,
+    train_translation,
+)
+from attnlab.training import TrainConfig
+from attnlab.training.checkpoint import write_run_config
+
+# A made-up language pair: every "xx" word has one "yy" word, in the same order (a copy through a lexicon).
+LEXICON = dict(zip("ka lo mi nu pe ri su ta".split(), "red blue green gold pink grey teal navy".split()))
+SMALL = ["--vocab-size", "60", "--d-model", "32", "--layers", "1", "--heads", "4", "--d-ff", "64", "--dropout", "0",
+         "--max-positions", "16", "--max-tokens", "600", "--lr", "1e-2", "--schedule", "cosine", "--warmup", "20",
+         "--threads", "1", "--no-progress"]
+
+
+def write_corpus(path, n, rng):
+    src, tgt = [], []
+    for _ in range(n):
+        words = rng.sample(list(LEXICON), rng.randint(2, 4))  # distinct words: alignment is learnt in seconds
+        src.append(" ".join(words))
+        tgt.append(" ".join(LEXICON[w] for w in words))
+    path.with_suffix(".xx").write_text("".join(s + "\n" for s in src), encoding="utf-8")
+    path.with_suffix(".yy").write_text("".join(t + "\n" for t in tgt), encoding="utf-8")
+    return src, tgt
+
+
+def run_cli(*args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """A run trained on 1,500 toy pairs (about 10 s on one core), with held-out test sentences."""
+    threads = torch.get_num_threads()
+    root = tmp_path_factory.mktemp("toy")
+    rng = random.Random(0)
+    write_corpus(root / "train", 1500, rng)
+    write_corpus(root / "valid", 40, rng)
+    test = write_corpus(root / "test", 40, rng)
+    run = root / "run"
+    result = run_cli("train", "translate", "--train", root / "train", "--valid", root / "valid", "--src", "xx",
+                     "--tgt", "yy", "--out", run, "--max-steps", "300", "--eval-every", "150", *SMALL)
+    yield {"root": root, "run": run, "test": test, "train_output": result.stdout}
+    torch.set_num_threads(threads)
+
+
+def test_training_reaches_exact_match_decoding_on_held_out_sentences(toy):
+    summary = json.loads(toy["train_output"].strip().splitlines()[-1])
+    assert summary["steps"] == 300 and summary["best"]["bleu"] > 90
+    src, ref = toy["test"]
+    out = toy["root"] / "test.hyp"
+    run_cli("translate", toy["run"], "--input", toy["root"] / "test.xx", "--output", out, "--beam", "1", "--no-progress")
+    assert out.read_text(encoding="utf-8").splitlines() == ref
+    single = run_cli("translate", toy["run"], "ka lo mi")
+    assert single.stdout == "red blue green\n"
+
+
+def test_eval_prints_sacrebleu_json_and_writes_hypotheses(toy):
+    hyp = toy["root"] / "eval.hyp"
+    result = run_cli("eval", "translate", toy["run"], "--src-file", toy["root"] / "test.xx", "--ref-file",
+                     toy["root"] / "test.yy", "--beam", "3", "--json", "--hyp-out", hyp, "--no-progress")
+    scores = json.loads(result.stdout)
+    assert scores["bleu"] == 100.0 and scores["chrf"] == 100.0
+    assert "case:mixed" in scores["signature"] and "tok:13a" in scores["signature"]
+    assert hyp.read_text(encoding="utf-8").splitlines() == toy["test"][1]
+
+
+def test_beam_search_never_returns_a_worse_hypothesis_than_greedy(toy):
+    """Under its own objective (length-normalised log-probability) beam search must do at least as well."""
+    tr = load_translator(toy["run"])
+    src_lines = ["ka lo", "su ta mi", "pe ri su ta nu", "mi"]
+    ids = tr.encode_sources(src_lines)
+
+    def objective(i, hyp):
+        src, tgt_in = torch.tensor([ids[i]]), torch.tensor([[BOS_ID, *hyp]])
+        with torch.no_grad():
+            logits = tr.model(src, tgt_in)[0]
+        logits[:, [PAD_ID, BOS_ID]] = -float("inf")  # as in decoding: never generated
+        logp = torch.log_softmax(logits, -1).gather(1, torch.tensor([[*hyp, EOS_ID]]).T).sum()
+        return length_normalised(float(logp), len(hyp) + 1, 0.6)
+
+    src = pad_batch(ids)
+    for i, (g, b) in enumerate(zip(greedy_search(tr.model, src), beam_search(tr.model, src, beam_size=4))):
+        assert objective(i, b) >= objective(i, g) - 1e-5
+
+
+def test_attention_heatmap_for_one_sentence(toy):
+    tr = load_translator(toy["run"])
+    att = cross_attention(tr, "ka lo mi nu", decode=DecodeSettings(beam_size=1))
+    assert att.translation == "red blue green gold"
+    assert att.weights.shape == (len(att.out_pieces), len(att.src_pieces)) and att.src_pieces[-1] == "<eos>"
+    torch.testing.assert_close(att.weights.sum(-1), torch.ones(len(att.out_pieces)))
+    # A word-for-word pair: while emitting word t the decoder should look mostly at source word t.
+    assert att.weights[:4].argmax(-1).tolist() == [0, 1, 2, 3]
+    png = toy["root"] / "att.png"
+    result = run_cli("attention", toy["run"], "ka lo mi nu", "--out", png, "--layer", "1")
+    assert result.stdout == "red blue green gold\n" and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_leaky_model_wins_under_teacher_forcing_and_collapses_free_running(tmp_path):
+    """Seed 000's review question 4, on the toy pair with a random end mark (. ! ? or ;) on every target.
+
+    A correct model cannot know which mark comes (its loss keeps log 4 per sentence); a model without the
+    look-ahead mask reads every next token from its input, so its teacher-forced loss is far lower, and
+    free running, with no future to read, it collapses.
+    """
+    rng = random.Random(1)
+    for name, n in (("train", 1500), ("valid", 40)):
+        src = [rng.sample(list(LEXICON), rng.randint(2, 4)) for _ in range(n)]
+        (tmp_path / f"{name}.xx").write_text("".join(" ".join(s) + "\n" for s in src), encoding="utf-8")
+        (tmp_path / f"{name}.yy").write_text(
+            "".join(" ".join(LEXICON[w] for w in s) + rng.choice(".!?;") + "\n" for s in src), encoding="utf-8")
+    runs = {}
+    for name, mask in (("correct", True), ("leaky", False)):
+        runs[name] = tmp_path / name
+        train_translation(train=tmp_path / "train", valid=tmp_path / "valid", out=runs[name],
+                          settings=TranslateSettings(src="xx", tgt="yy", vocab_size=150, max_tokens=600,
+                                                     look_ahead_mask=mask, select="loss"),
+                          model_kwargs=dict(d_model=32, num_layers=1, num_heads=4, d_ff=64, dropout=0.0,
+                                            max_src_positions=16, max_tgt_positions=16),
+                          train_config=TrainConfig(max_steps=150, lr=1e-2, schedule="constant", warmup_steps=20,
+                                                   eval_every=150, progress=False), log=lambda m: None)
+    correct, broken = teacher_forcing_rows(runs, tmp_path / "valid")
+    assert correct["look_ahead_mask"] and not broken["look_ahead_mask"]
+    assert broken["teacher_forced_loss"] < 0.5 * correct["teacher_forced_loss"]
+    assert broken["free_running_bleu"] < 1.0 < 20.0 < correct["free_running_bleu"]
+    assert broken["free_running_chrf"] < correct["free_running_chrf"] / 2
+    result = run_cli("experiment", "teacher-forcing", "--valid", tmp_path / "valid", "--src", "xx", "--tgt", "yy",
+                     "--correct", runs["correct"], "--leaky", runs["leaky"], "--out", tmp_path / "report")
+    assert "| leaky | no |" in result.stdout
+    assert json.loads((tmp_path / "report" / "report.json").read_text())[1]["model"] == "leaky"
+
+
+def test_overlong_source_is_truncated_with_a_warning(toy):
+    words = list(LEXICON) * 4  # 32 words, 33 positions with eos: the table has 16
+    result = run_cli("translate", toy["run"], " ".join(words), "--beam", "1")
+    assert "warning: 1 source line longer than the model's 16 source positions was truncated" in result.stderr
+    assert result.stdout.strip()  # a translation of the first 15 words, not an error
+    with pytest.warns(UserWarning, match="truncated"):
+        ids = load_translator(toy["run"]).encode_sources([" ".join(words)])
+    assert len(ids[0]) == 16 and ids[0][-1] == EOS_ID
+
+
+def test_run_of_another_task_and_missing_run_are_one_line_errors(toy, tmp_path):
+    other = tmp_path / "lm-run"
+    write_run_config(other, {"task": "lm", "model": {"class": "DecoderLM", "kwargs": {}}})
+    for args in (["translate", other, "ein Satz"], ["eval", "translate", other, "--src-file", toy["root"] / "test.xx",
+                                                    "--ref-file", toy["root"] / "test.yy"],
+                 ["attention", other, "ein Satz", "--out", tmp_path / "a.png"], ["translate", tmp_path / "none", "x"]):
+        result = CliRunner().invoke(cli, [str(a) for a in args])
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert "is a 'lm' run, not a 'translate' run" in CliRunner().invoke(cli, ["translate", str(other), "x"]).stderr
+
+
+def test_scores_match_sacrebleu_conventions():
+    scores = corpus_scores(["The cat sat on the mat."], ["The cat sat on the mat."])
+    assert scores["bleu"] == pytest.approx(100.0) and scores["chrf"] == pytest.approx(100.0)
+    lower = corpus_scores(["the cat sat on the mat."], ["The cat sat on the mat."])
+    assert lower["bleu"] < 100.0  # cased
+
+
+def test_resume_continues_a_run_from_its_checkpoint(toy, tmp_path):
+    import shutil
+
+    run = tmp_path / "resumed"
+    shutil.copytree(toy["run"], run)
+    result = run_cli("train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src",
+                     "xx", "--tgt", "yy", "--out", run, "--resume", "--max-steps", "305", "--eval-every", "150",
+                     *SMALL)
+    assert json.loads(result.stdout.strip().splitlines()[-1])["steps"] == 305
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]  # none twice
+    assert steps[-1] == 305 and steps == sorted(steps)

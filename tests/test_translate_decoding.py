@@ -1,0 +1,126 @@
+"""Decoding and masks on small random models: caches, beam vs greedy, padding invariance, the leaky decoder."""
+
+import pytest
+import torch
+
+from attnlab.data import EOS_ID, PAD_ID
+from attnlab.errors import AttnlabError
+from attnlab.nn import Transformer
+from attnlab.tasks.decoding import DecodeSettings, beam_search, greedy_search, max_lengths, translate_ids
+from attnlab.tasks.parallel_data import Pairs, collate
+from attnlab.tasks.translate import LeakyTransformer, TranslateSettings, TranslationTask, build_model
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add overhead, and CI machines are shared
+    yield
+    torch.set_num_threads(threads)
+
+
+def model(seed=0, cls=Transformer, **kw):
+    torch.manual_seed(seed)
+    args = dict(d_model=32, num_layers=2, num_heads=4, d_ff=64, dropout=0.0, max_src_positions=12, max_tgt_positions=20)
+    return build_model((30, 40), {**args, **kw}, share_embeddings=False, tie_output=False,
+                       look_ahead_mask=cls is Transformer).eval()
+
+
+def sources(seed=1):
+    """Four sources of different lengths (7, 3, 5, 1 real ids, eos last), right-padded to 7."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(4, 30, (n,), generator=g).tolist() + [EOS_ID] for n in (6, 2, 4, 0)]
+    return rows, torch.tensor([r + [PAD_ID] * (7 - len(r)) for r in rows])
+
+
+def test_cached_and_uncached_decoding_give_the_same_tokens():
+    m = model()
+    _, src = sources()
+    greedy = greedy_search(m, src, use_cache=True)
+    assert greedy == greedy_search(m, src, use_cache=False)
+    assert beam_search(m, src, beam_size=3, use_cache=True) == beam_search(m, src, beam_size=3, use_cache=False)
+    assert max(len(h) for h in greedy) > 5  # a random model talks long enough for the caches to matter
+
+
+def test_beam_size_one_is_greedy_search():
+    for seed in range(3):
+        m = model(seed)
+        _, src = sources(seed + 1)
+        assert beam_search(m, src, beam_size=1) == greedy_search(m, src)
+
+
+def test_decoding_does_not_depend_on_batch_padding():
+    """Each sentence alone, unpadded, decodes exactly as inside the padded batch.
+
+    This fails if the encoder or cross-attention mask were built from anything but the source ids (say
+    from the target, of another length), because then padded source positions would be attended.
+    """
+    m = model()
+    rows, src = sources()
+    batched_greedy, batched_beam = greedy_search(m, src), beam_search(m, src, beam_size=3)
+    for i, row in enumerate(rows):
+        alone = torch.tensor([row])
+        assert greedy_search(m, alone) == [batched_greedy[i]]
+        assert beam_search(m, alone, beam_size=3) == [batched_beam[i]]
+
+
+@torch.no_grad()
+def test_cross_attention_ignores_source_padding_content_with_different_target_length():
+    m = model()
+    _, src = sources()
+    tgt = torch.tensor([[2, 5, 6, 7, 8, 9, 10, 11, 12, 13]] * 4)  # 10 target positions vs 7 source positions
+    logits, weights = m(src, tgt, return_attention=True)
+    garbage = src.clone()
+    garbage[src == PAD_ID] = 29  # what sits in the padded slots must not matter...
+    mask = (src != PAD_ID)[:, None, None, :]
+    memory, _ = m.encoder(garbage, attend_mask=mask)
+    other, _ = m.decode(tgt, memory, mask)  # ...when the mask comes from the source ids
+    torch.testing.assert_close(other, logits)
+    cross = weights["decoder_layer2_block2_decenc_att"]  # (batch, heads, tgt 10, src 7)
+    assert cross.shape == (4, 4, 10, 7)
+    assert float(cross[~mask.expand_as(cross)].abs().max()) == 0.0
+    torch.testing.assert_close(cross.sum(-1), torch.ones(4, 4, 10))
+
+
+def test_training_loss_ignores_target_padding():
+    m = model()
+    m.train(False)
+    pairs = Pairs(src=[[5, 6, 7, EOS_ID], [8, EOS_ID]], tgt=[[9, 10, 11, 12, 13], [14]], kept=[0, 1])
+    task = TranslationTask(pairs, pairs, [], [], None, TranslateSettings(label_smoothing=0.1))
+    together = task.loss(m, collate(pairs, [0, 1]))
+    apart = task.loss(m, collate(pairs, [0])) + task.loss(m, collate(pairs, [1]))
+    torch.testing.assert_close(together, apart)
+
+
+def test_length_limit_is_relative_to_the_source_and_capped_by_the_position_table():
+    m = model()
+    _, src = sources()
+    assert max_lengths(src, m, 1.0, 2).tolist() == [9, 5, 7, 3]
+    assert max_lengths(src, m, 5.0, 10).tolist() == [20, 20, 20, 15]
+    for hyp, limit in zip(greedy_search(m, src, max_len_a=0.0, max_len_b=3), [3, 3, 3, 3]):
+        assert len(hyp) <= limit
+    with pytest.raises(AttnlabError, match="beam size"):
+        DecodeSettings(beam_size=0)
+
+
+def test_translate_ids_restores_the_input_order_across_batches():
+    m = model()
+    rows, _ = sources()
+    settings = DecodeSettings(beam_size=2)
+    one_by_one = [translate_ids(m, [r], settings)[0] for r in rows]
+    assert translate_ids(m, rows, settings, max_tokens=8) == one_by_one  # several length-sorted batches
+
+
+def test_leaky_decoder_sees_the_future_under_teacher_forcing_but_not_when_decoding():
+    correct, leaky = model(), model(cls=LeakyTransformer)
+    leaky.load_state_dict(correct.state_dict())
+    _, src = sources()
+    tgt = torch.tensor([[2, 5, 6, 7, 8]] * 4)
+    changed = tgt.clone()
+    changed[:, 4] = 9  # change only the last input token
+    for m, leaks in ((correct, False), (leaky, True)):
+        first = m(src, tgt)[:, :4]
+        second = m(src, changed)[:, :4]
+        assert (not torch.allclose(first, second)) == leaks
+    # Free running feeds one token at a time through the cache: no future exists, both decode alike.
+    assert greedy_search(leaky, src) == greedy_search(correct, src)
