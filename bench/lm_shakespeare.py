@@ -11,7 +11,10 @@ Runs, one after the other in this one invocation, the exact commands a user woul
 The nanoGPT figures are the issue's reference measurements (nanoGPT run on this machine kind on
 2026-11-29), NOT re-measured here: nanoGPT's repository cannot be fetched on this machine. Every attnlab
 figure is measured in this run, and the machine's float32 matmul peak is measured inside each training
-run. The load average is printed before and after: other processes on the machine distort every figure.
+run. Because the reference may come from a faster machine, the script also compares the two presets with each
+other (same machine, same run) and prints the throughput ceiling of the nanoGPT configuration's matrix
+products alone on this machine. The load average is printed before and after: other processes on the machine
+distort every figure.
 
     python bench/lm_shakespeare.py [--text PATH] [--out DIR] [--skip-nanogpt] [--skip-fast] [--warm-cache]
 """
@@ -137,6 +140,12 @@ def main() -> None:
         rows.append(f"    {base['peak_fraction']:.1%} of the measured peak {base['peak_flops'] / 1e9:.1f} GFLOP/s; "
                     f"val loss {base['val_loss']:.4f} after {base['steps']} steps in {base['wall_seconds']:.1f} s "
                     f"(nanoGPT: {NANOGPT['val_loss']} in {NANOGPT['wall_seconds']:.0f} s)")
+        if not args.skip_fast:  # both recipes on this machine, in this run: the like-for-like time ratio
+            same = fast["wall_seconds"] / base["wall_seconds"]
+            rows.append(f"(a') on this machine, same run: shakespeare-fast took {same:.2f} x the wall time of the "
+                        f"nanogpt-cpu preset ({fast['wall_seconds']:.1f} s vs {base['wall_seconds']:.1f} s) for val "
+                        f"loss {fast['val_loss']:.4f} vs {base['val_loss']:.4f}; target <= {TARGET_TIME_FRACTION:.1f} x: "
+                        f"{'MET' if same <= TARGET_TIME_FRACTION and fast['val_loss'] <= TARGET_LOSS else 'NOT MET'}")
         cached = generation_rate(out / "nanogpt", True, env)
         uncached = generation_rate(out / "nanogpt", False, env)
         rows.append(f"(c) generate 500 tokens: {cached:,.0f} tokens/s with the KV cache, {uncached:,.0f} without "

@@ -1,6 +1,7 @@
 """Through the command line: a run killed with SIGKILL resumes to the very same weights, and two DDP processes
 under torchrun reach the weights of one process with the same global batch."""
 
+import json
 import os
 import signal
 import socket
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from attnlab.cli.main import cli
+from attnlab.training.checkpoint import has_checkpoint
 from test_classify_data import write_tickets
 
 VENV_BIN = Path(sys.executable).parent
@@ -49,6 +51,9 @@ def test_kill_9_then_resume_ends_with_the_uninterrupted_weights(tmp_path):
     proc.send_signal(signal.SIGKILL)  # at once, wherever it is: mid-step, mid-write
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    assert has_checkpoint(killed)  # (puts the old folder back if the kill fell between atomic_dir's two renames)
+    at_kill = json.loads(marker.read_text())["trainer"]["step"]
+    assert 10 <= at_kill < 80  # killed mid-run: the resume below has steps left to redo
     cli_run(*args, "--out", killed, "--resume")
     straight = tmp_path / "straight"
     cli_run(*args, "--out", straight)

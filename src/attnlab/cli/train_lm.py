@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import omp_passive  # noqa: F401  (before torch is imported)
-from attnlab.tasks.lm import LMData
+from attnlab.tasks.lm import PEAK_REPEATS, PEAK_SIZE, LMData
 from attnlab.tasks.lm_train import LM_PRESETS, LMReport, train_language_model
 
 
@@ -21,11 +21,12 @@ def describe_report(report: LMReport, out: Path) -> list[str]:
         f"after the first), {report.tokens_per_second:,.0f} overall ({report.tokens:,} tokens in "
         f"{report.train_seconds:.1f} s, compilation and evaluations included)",
         f"compute: {report.flops_per_token / 1e6:.2f} MFLOP per token (6N + 12LdT) x steady rate = "
-        f"{report.model_flops / 1e9:.1f} GFLOP/s; peak = best of three 2048x2048 float32 matmuls in this process",
+        f"{report.model_flops / 1e9:.1f} GFLOP/s; peak = fastest of {PEAK_REPEATS} {PEAK_SIZE}x{PEAK_SIZE} float32 "
+        "matmuls, in this process after training",
         f"run folder: {out} (model.safetensors, config.json, tokenizer.json, metrics.jsonl, loss.png, result.json)",
         f"{report.steady_tokens_per_second:,.0f} tokens/s | {peak} | wall time {report.wall_seconds:.1f} s "
         f"({report.steps} steps) | final val loss {report.val_loss:.4f} nats/token ({settings['final_eval_iters']} "
-        f"batches of {settings['batch_size']}x{settings['context']})",
+        f"batches of {settings['eval_batch_size']}x{settings['context']})",
     ]
 
 

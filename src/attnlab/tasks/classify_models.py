@@ -89,11 +89,12 @@ class TokenFeatures(nn.Module):
 
 
 class TextClassifier(EncoderClassifier):
-    """Seed 004's router with :class:`TokenFeatures` and one head per layer (module docstring).
+    """Seed 004's router with :class:`TokenFeatures`, one head per layer and a wide head (module docstring).
 
     Args beyond :class:`~attnlab.nn.EncoderClassifier`'s:
         trained_words, num_ngrams, ngrams_per_word, vector_dim: see :class:`TokenFeatures`.
-        layer_heads: mean of per-layer heads (True) or the core's single head on the last layer (False).
+        layer_heads: a head on the embeddings and on every layer, each trained on its own loss (True), or the
+            core's single head on the last layer (False); see :meth:`vote`.
         head_hidden: width of a hidden ReLU layer in each head (0: linear heads; the bag of words uses one).
         wide: add the wide head (module docstring); call :meth:`fit_idf` on the training ids before training.
     """

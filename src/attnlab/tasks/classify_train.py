@@ -363,7 +363,7 @@ def train_classifier(
         if saved["data"]["train_sha256"] != fingerprint(train_path):
             raise AttnlabError(f"{train_path} is not the training file this run started with "
                                f"({saved['data']['train']}); resume needs the same data")
-    elif (out / CONFIG).exists():
+    elif main and (out / CONFIG).exists():  # rank 0 only: under torchrun the others would see rank 0's new config
         raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     settings.check()
     if settings.threads:
