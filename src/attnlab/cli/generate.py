@@ -11,7 +11,7 @@ import click
 from attnlab.cli import omp_passive  # noqa: F401  (before torch is imported)
 from attnlab.data.tokenizers import CharTokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
-from attnlab.tasks.lm import TASK_NAME, TOKENIZER_FILE
+from attnlab.tasks.lm import TASK_NAME, TOKENIZER_FILE, torch_threads
 from attnlab.tasks.sampling import check_sampling, generate
 from attnlab.training.checkpoint import load_run
 
@@ -26,8 +26,11 @@ from attnlab.training.checkpoint import load_run
 @click.option("--seed", type=int, default=None, help="Seed of the sampling; the same seed gives the same text.")
 @click.option("--greedy", is_flag=True, help="Always take the most likely token (ignores temperature, top-k, top-p).")
 @click.option("--no-cache", is_flag=True, help="Recompute the whole window every step instead of using the KV cache.")
+@click.option("--threads", type=int, default=1, show_default=True,
+              help="torch threads (0: one per core). A cached step computes one position, too little to share: "
+                   "one thread was 10-15% faster than two on 2 cores.")
 def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None,
-                 top_p: float | None, seed: int | None, greedy: bool, no_cache: bool) -> None:
+                 top_p: float | None, seed: int | None, greedy: bool, no_cache: bool, threads: int) -> None:
     """Continue PROMPT with the language model in RUN (a folder written by `attnlab train lm`).
 
     The prompt is printed, then each token as soon as it is chosen; a line on stderr gives the rate.
@@ -39,6 +42,13 @@ def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float
         raise AttnlabError("--prompt is empty: give at least one character to continue")
     if not greedy:
         check_sampling(temperature, top_k, top_p)
+    with torch_threads(threads):
+        _generate(run, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                  greedy=greedy, use_cache=not no_cache)
+
+
+def _generate(run: Path, prompt: str, max_new_tokens: int, *, temperature: float, top_k: int | None,
+              top_p: float | None, seed: int | None, greedy: bool, use_cache: bool) -> None:
     model, _ = load_run(run, task=TASK_NAME)
     tokenizer = load_tokenizer(run / TOKENIZER_FILE)
     prompt_ids = tokenizer.encode(prompt)
@@ -49,7 +59,7 @@ def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float
     out.flush()
     started = time.perf_counter()
     tokens = generate(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                      greedy=greedy, seed=seed, use_cache=not no_cache, banned=[tokenizer.pad_id])
+                      greedy=greedy, seed=seed, use_cache=use_cache, banned=[tokenizer.pad_id])
     count = 0
     if isinstance(tokenizer, CharTokenizer):
         for token in tokens:  # one character per token: decode it alone
@@ -71,5 +81,5 @@ def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float
             printed, count = len(new), count + 1
     out.write("\n")
     seconds = time.perf_counter() - started
-    mode = "no cache" if no_cache else "KV cache"
+    mode = "KV cache" if use_cache else "no cache"
     click.echo(f"{count} tokens in {seconds:.2f} s ({count / max(seconds, 1e-9):,.0f} tokens/s, {mode})", err=True)

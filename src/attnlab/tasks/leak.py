@@ -124,7 +124,7 @@ def _plot(out_png: Path, rows: list[LeakRow], curves: dict[str, list[tuple[int, 
     left.set(xlabel="step", ylabel="nats per token", title="Training: the leaky model looks better")
     left.legend(fontsize=8)
     left.grid(linestyle="--", alpha=0.4)
-    kinds = ["teacher-forced\n(validation)", "future absent\n(as in generation)"]
+    kinds = ["teacher-forced\n(validation windows)", "future absent, same windows\n(as in generation)"]
     width = 0.38
     for i, row in enumerate(rows):
         values = [row.same_windows_teacher_forced, row.future_absent]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,6 +205,18 @@ def flops_per_token(model: nn.Module, context: int) -> float:
     layers = len(body.layers)
     d = body.embed.tokens.embedding_dim
     return 6.0 * n + 12.0 * layers * d * context
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run with ``count`` torch threads (0: leave the setting alone), and restore the previous count after."""
+    previous = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 PEAK_SIZE, PEAK_REPEATS = 1024, 20

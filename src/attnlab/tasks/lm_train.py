@@ -41,6 +41,7 @@ from attnlab.tasks.lm import (
     flops_per_token,
     load_lm_data,
     measure_peak_matmul,
+    torch_threads,
 )
 from attnlab.training import TrainConfig, Trainer, seed_everything
 from attnlab.training.checkpoint import CONFIG, WEIGHTS, load_weights, read_run_config, write_run_config
@@ -240,46 +241,45 @@ def train_language_model(
         settings = LMSettings(**{**saved, "betas": tuple(saved["betas"])})
     elif (Path(out) / CONFIG).exists():
         raise AttnlabError(f"{out} already holds a run; continue it with --resume or choose another --out")
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
-    if data is None:
-        data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction,
-                            bpe_vocab_size=settings.bpe_vocab_size)
-    if on_data is not None:
-        on_data(data)
-    out = ensure_writable_dir(out)
-    data.tokenizer.save(out / TOKENIZER_FILE)
-    model = build_lm(settings, data.tokenizer.vocab_size, model_class)
-    task = LMTask(data.train, data.val, context=settings.context, batch_size=settings.batch_size,
-                  seed=settings.seed, eval_iters=settings.eval_iters, eval_batch_size=settings.eval_batch_size)
-    config = settings.train_config(progress)
-    write_run_config(out, {
-        "task": task_name,
-        # Written by hand rather than with checkpoint.model_config, which accepts the core classes only: a
-        # subclass is recorded under its own name, so no loader mistakes it for the plain DecoderLM.
-        "model": {"class": type(model).__name__, "kwargs": dict(model.config)},
-        "tokenizer": TOKENIZER_FILE,
-        "data": {"text": str(text), "val_fraction": settings.val_fraction, "train_tokens": len(data.train),
-                 "val_tokens": len(data.val)},
-        "lm": asdict(settings),
-        "train": config_dict(config),
-    })
-    trainer = Trainer(model, task, config, out)
-    try:
-        result = trainer.fit(resume=resume)
-    finally:
-        trainer.close()
-    load_weights(model, out / WEIGHTS)  # the kept (best) weights: what generate will use
-    model.eval()
-    val_loss = evaluate_loss(model, data.val, context=settings.context, batch_size=settings.eval_batch_size,
-                             iters=settings.final_eval_iters, seed=settings.seed)
-    wall = time.perf_counter() - started
-    report = LMReport(
-        val_loss=val_loss, wall_seconds=wall, train_seconds=result.elapsed,
-        tokens_per_second=result.tokens_per_second, steady_tokens_per_second=steady_rate(out / "metrics.jsonl"),
-        flops_per_token=flops_per_token(model, settings.context), steps=result.steps,
-        tokens=int(trainer.state["tokens"]), parameters=model.num_parameters(),
-        settings=asdict(settings), peak_flops=measure_peak_matmul() if measure_peak else 0.0,
-    )
-    write_json_atomic(out / RESULT_FILE, report.as_dict())
-    return model, report
+    with torch_threads(settings.threads):  # restored afterwards: callers in the same process keep theirs
+        if data is None:
+            data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction,
+                                bpe_vocab_size=settings.bpe_vocab_size)
+        if on_data is not None:
+            on_data(data)
+        out = ensure_writable_dir(out)
+        data.tokenizer.save(out / TOKENIZER_FILE)
+        model = build_lm(settings, data.tokenizer.vocab_size, model_class)
+        task = LMTask(data.train, data.val, context=settings.context, batch_size=settings.batch_size,
+                      seed=settings.seed, eval_iters=settings.eval_iters, eval_batch_size=settings.eval_batch_size)
+        config = settings.train_config(progress)
+        write_run_config(out, {
+            "task": task_name,
+            # Written by hand rather than with checkpoint.model_config, which accepts the core classes only: a
+            # subclass is recorded under its own name, so no loader mistakes it for the plain DecoderLM.
+            "model": {"class": type(model).__name__, "kwargs": dict(model.config)},
+            "tokenizer": TOKENIZER_FILE,
+            "data": {"text": str(text), "val_fraction": settings.val_fraction, "train_tokens": len(data.train),
+                     "val_tokens": len(data.val)},
+            "lm": asdict(settings),
+            "train": config_dict(config),
+        })
+        trainer = Trainer(model, task, config, out)
+        try:
+            result = trainer.fit(resume=resume)
+        finally:
+            trainer.close()
+        load_weights(model, out / WEIGHTS)  # the kept (best) weights: what generate will use
+        model.eval()
+        val_loss = evaluate_loss(model, data.val, context=settings.context, batch_size=settings.eval_batch_size,
+                                 iters=settings.final_eval_iters, seed=settings.seed)
+        wall = time.perf_counter() - started
+        report = LMReport(
+            val_loss=val_loss, wall_seconds=wall, train_seconds=result.elapsed,
+            tokens_per_second=result.tokens_per_second, steady_tokens_per_second=steady_rate(out / "metrics.jsonl"),
+            flops_per_token=flops_per_token(model, settings.context), steps=result.steps,
+            tokens=int(trainer.state["tokens"]), parameters=model.num_parameters(),
+            settings=asdict(settings), peak_flops=measure_peak_matmul() if measure_peak else 0.0,
+        )
+        write_json_atomic(out / RESULT_FILE, report.as_dict())
+        return model, report
