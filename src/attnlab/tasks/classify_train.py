@@ -43,7 +43,7 @@ from attnlab.training.checkpoint import (
     read_run_config,
     write_run_config,
 )
-from attnlab.training.engine import config_dict, to_device
+from attnlab.training.engine import config_dict, run_training, to_device
 
 TOKENIZER_FILE, RESULT_FILE = "tokenizer.json", "result.json"
 MODEL_KINDS = ("transformer", "tiny", "bow")
@@ -432,11 +432,7 @@ def train_classifier(
             "classify": asdict(settings),
             "train": config_dict(config),
         })
-    trainer = Trainer(model, task, config, out)
-    try:
-        result = trainer.fit(resume=resume)
-    finally:
-        trainer.close()
+    result = run_training(model, task, config, out, resume=resume)
     load_weights(model, out / WEIGHTS)
     best = result.best
     total = len(data.valid)  # rows with unseen labels count as wrong: they cannot be predicted

@@ -43,9 +43,9 @@ from attnlab.tasks.lm import (
     measure_peak_matmul,
     torch_threads,
 )
-from attnlab.training import TrainConfig, Trainer, seed_everything
+from attnlab.training import TrainConfig, seed_everything
 from attnlab.training.checkpoint import CONFIG, WEIGHTS, load_weights, read_run_config, write_run_config
-from attnlab.training.engine import config_dict
+from attnlab.training.engine import config_dict, run_training
 
 
 @dataclass(frozen=True)
@@ -264,11 +264,7 @@ def train_language_model(
             "lm": asdict(settings),
             "train": config_dict(config),
         })
-        trainer = Trainer(model, task, config, out)
-        try:
-            result = trainer.fit(resume=resume)
-        finally:
-            trainer.close()
+        result = run_training(model, task, config, out, resume=resume)
         load_weights(model, out / WEIGHTS)  # the kept (best) weights: what generate will use
         model.eval()
         val_loss = evaluate_loss(model, data.val, context=settings.context, batch_size=settings.eval_batch_size,
@@ -278,7 +274,7 @@ def train_language_model(
             val_loss=val_loss, wall_seconds=wall, train_seconds=result.elapsed,
             tokens_per_second=result.tokens_per_second, steady_tokens_per_second=steady_rate(out / "metrics.jsonl"),
             flops_per_token=flops_per_token(model, settings.context), steps=result.steps,
-            tokens=int(trainer.state["tokens"]), parameters=model.num_parameters(),
+            tokens=result.tokens, parameters=model.num_parameters(),
             settings=asdict(settings), peak_flops=measure_peak_matmul() if measure_peak else 0.0,
         )
         write_json_atomic(out / RESULT_FILE, report.as_dict())

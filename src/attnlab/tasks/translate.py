@@ -42,11 +42,11 @@ from attnlab.tasks.parallel_data import (
     source_ids,
     token_batches,
 )
-from attnlab.training import Batch, TrainConfig, Trainer, TrainResult, seed_everything
+from attnlab.training import Batch, TrainConfig, TrainResult, seed_everything
 from attnlab.training.checkpoint import MODEL_CLASSES, load_run, model_config, read_run_config, write_run_config
 from attnlab.training.checkpoint import build_model as rebuild_model
 from attnlab.training.distributed import Place, shard
-from attnlab.training.engine import config_dict
+from attnlab.training.engine import config_dict, run_training
 
 TASK = "translate"
 
@@ -311,11 +311,7 @@ def train_translation(
     task = TranslationTask(train_pairs, valid_pairs, valid_sources, valid_ref, tgt_tok, settings, seed=config.seed)
     log(f"{len(train_pairs)} training pairs, {len(valid_pairs)} validation pairs; model {type(model).__name__} "
         f"with {model.num_parameters():,} parameters")
-    trainer = Trainer(model, task, config, out)
-    try:
-        return trainer.fit(resume=resume)
-    finally:
-        trainer.close()
+    return run_training(model, task, config, out, resume=resume)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -123,6 +123,7 @@ class TrainResult:
     steps: int
     elapsed: float
     tokens_per_second: float
+    tokens: int = 0
     best: dict[str, float] = field(default_factory=dict)
     final_loss: float = math.nan
     stopped_early: bool = False
@@ -370,12 +371,22 @@ class Trainer:
         elapsed = self.state["elapsed"]
         return TrainResult(
             steps=self.state["step"], elapsed=elapsed, tokens_per_second=self.state["tokens"] / max(elapsed, 1e-9),
+            tokens=self.state["tokens"],
             best=dict(self.state["best"]), final_loss=self.state["last_loss"], stopped_early=stopped_early,
         )
 
     def close(self) -> None:
         """Leave the process group."""
         distributed.teardown(self.place)
+
+
+def run_training(model: nn.Module, task: Task, config: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainResult:
+    """Build a :class:`Trainer`, run it, and leave the process group whatever happens."""
+    trainer = Trainer(model, task, config, out)
+    try:
+        return trainer.fit(resume=resume)
+    finally:
+        trainer.close()
 
 
 def config_dict(config: TrainConfig) -> dict[str, Any]:
