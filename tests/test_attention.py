@@ -62,7 +62,7 @@ def test_fully_hidden_rows_are_finite_with_zero_weight():
 def test_head_width_defaults_to_share_and_can_be_set():
     assert MultiHeadAttention(512, 8).head_dim == 64
     full = MultiHeadAttention(4, 4, head_dim=4)  # seed 000's Keras heads: key_dim = embedding_dim
-    assert full.q_proj.out_features == 16
+    assert full.in_proj.out_features == 3 * 16
     assert sum(p.numel() for p in full.parameters()) == 308
 
 

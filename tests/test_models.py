@@ -1,5 +1,7 @@
 """Layers and models: parameter counts from the seeds and the paper, mask behaviour, bad input."""
 
+import math
+
 import pytest
 import torch
 
@@ -11,8 +13,10 @@ from attnlab.nn import (
     EncoderClassifier,
     EncoderLayer,
     Transformer,
+    causal_mask,
     padding_mask,
 )
+from attnlab.nn.masks import cached_causal_mask
 from attnlab.presets import build_preset
 
 
@@ -178,6 +182,23 @@ def test_lm_is_causal():
     changed[0, 5:] = (changed[0, 5:] + 1) % 50
     torch.testing.assert_close(lm(ids)[:, :5], lm(changed)[:, :5])
     assert not torch.allclose(lm(ids)[:, 5:], lm(changed)[:, 5:])
+
+
+def test_lm_starts_near_uniform_guessing():
+    """GPT-2's initialisation in the core: the tied output must not start with logits sqrt(d) wide."""
+    torch.manual_seed(0)
+    lm = DecoderLM(65, 128, 4, 4, max_positions=32)
+    ids = torch.randint(0, 65, (8, 32))
+    with torch.no_grad():
+        logits = lm(ids)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.roll(-1, 1).flatten())
+    assert abs(float(loss) - math.log(65)) < 0.1
+    assert lm.body.layers[0].self_attn.out_proj.weight.std() < lm.body.layers[0].ffn.up.weight.std()
+
+
+def test_one_cached_query_needs_no_mask_and_several_get_the_causal_one():
+    assert cached_causal_mask(1, 7) is None
+    torch.testing.assert_close(cached_causal_mask(3, 2), causal_mask(3, 5))
 
 
 def test_transformer_cached_decoding_matches_full_decoding():

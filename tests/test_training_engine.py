@@ -12,8 +12,19 @@ import pytest
 import torch
 
 from attnlab.errors import AttnlabError
+from attnlab.nn import DecoderLM
 from attnlab.training import Schedule, TrainConfig, Trainer, TrainingError, seed_everything
-from attnlab.training.checkpoint import load_checkpoint, load_weights, save_checkpoint
+from attnlab.training.checkpoint import (
+    build_model,
+    load_checkpoint,
+    load_run,
+    load_weights,
+    model_config,
+    register_model,
+    save_checkpoint,
+    save_weights,
+    write_run_config,
+)
 from toy_task import ToyTask
 
 HERE = Path(__file__).parent
@@ -152,3 +163,27 @@ def test_checkpoint_round_trip_restores_optimizer_and_rng(tmp_path):
     assert saved.keys() == loaded.keys()
     for index in saved:
         assert torch.equal(saved[index]["exp_avg_sq"], loaded[index]["exp_avg_sq"])
+
+
+def test_model_classes_must_be_registered_and_registered_ones_round_trip(tmp_path):
+    class Unregistered(DecoderLM):
+        pass
+
+    with pytest.raises(AttnlabError, match="not registered"):
+        model_config(Unregistered(20, 16, 1, 2, max_positions=8))
+    with pytest.raises(AttnlabError, match="'Nowhere', which no loaded module registers"):
+        build_model({"class": "Nowhere", "kwargs": {}})
+    with pytest.raises(AttnlabError, match="needs 'class' and 'kwargs'"):
+        build_model({"class": "DecoderLM"})
+
+    @register_model
+    class RegisteredLM(DecoderLM):
+        pass
+
+    model = RegisteredLM(20, 16, 1, 2, max_positions=8).eval()
+    write_run_config(tmp_path, {"task": "lm", "model": model_config(model)})
+    save_weights(model, tmp_path / "model.safetensors")
+    loaded, config = load_run(tmp_path, "lm")
+    assert type(loaded) is RegisteredLM and config["model"]["class"] == "RegisteredLM"
+    ids = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(loaded(ids), model(ids))

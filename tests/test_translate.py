@@ -94,10 +94,12 @@ def test_beam_search_never_returns_a_worse_hypothesis_than_greedy(toy):
             logits = tr.model(src, tgt_in)[0]
         logits[:, [PAD_ID, BOS_ID]] = -float("inf")  # as in decoding: never generated
         logp = torch.log_softmax(logits, -1).gather(1, torch.tensor([[*hyp, EOS_ID]]).T).sum()
-        return length_normalised(float(logp), len(hyp) + 1, 0.6)
+        return length_normalised(float(logp), len(hyp) + 1, alpha)
 
+    alpha = 0.6
     src = pad_batch(ids)
-    for i, (g, b) in enumerate(zip(greedy_search(tr.model, src), beam_search(tr.model, src, beam_size=4))):
+    beams = beam_search(tr.model, src, beam_size=4, length_penalty=alpha)
+    for i, (g, b) in enumerate(zip(greedy_search(tr.model, src), beams)):
         assert objective(i, b) >= objective(i, g) - 1e-5
 
 

@@ -29,7 +29,7 @@ def decode_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The search options shared by ``translate``, ``eval translate`` and ``attention``."""
     for option in reversed([
         click.option("--beam", "beam", default=4, show_default=True, help="Beam size (1 = greedy search)."),
-        click.option("--length-penalty", default=0.6, show_default=True,
+        click.option("--length-penalty", default=1.0, show_default=True,
                      help="GNMT alpha: scores are log p / ((5 + len) / 6) ** alpha."),
         click.option("--max-len-a", default=1.5, show_default=True, help="At most a * source length + b tokens."),
         click.option("--max-len-b", default=10, show_default=True),

@@ -155,19 +155,20 @@ class MultiHeadAttention(nn.Module):
             head_dim = d_model // num_heads
         self.num_heads, self.head_dim, self.dropout = num_heads, head_dim, dropout
         inner = num_heads * head_dim
-        self.q_proj = nn.Linear(d_model, inner, bias=bias)
-        self.k_proj = nn.Linear(d_model, inner, bias=bias)
-        self.v_proj = nn.Linear(d_model, inner, bias=bias)
+        # W_Q, W_K and W_V stacked in one (3 * inner, d_model) matrix, as torch's nn.MultiheadAttention
+        # does: self-attention projects q, k and v in one matmul, cross-attention k and v in one.
+        # Each third is initialised like a separate nn.Linear(d_model, inner), whose fan-in is the same.
+        self.in_proj = nn.Linear(d_model, 3 * inner, bias=bias)
         self.out_proj = nn.Linear(inner, d_model, bias=bias)
         self.rotary = rotary
 
-    def _project_qkv(self, x: Tensor) -> tuple[Tensor, ...]:
-        """The three projections of ``x`` as one matmul with the weights stacked: 3 x (batch, seq, inner)."""
-        weight = torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))
-        bias = None
-        if self.q_proj.bias is not None:
-            bias = torch.cat((self.q_proj.bias, self.k_proj.bias, self.v_proj.bias))
-        return F.linear(x, weight, bias).chunk(3, dim=-1)
+    def _project(self, x: Tensor, first: int, parts: int) -> tuple[Tensor, ...]:
+        """Rows ``first`` to ``first + parts`` (in units of ``inner``) of the stacked projection applied
+        to ``x``: (batch, seq, d_model) -> ``parts`` x (batch, heads, seq, head_dim)."""
+        inner = self.num_heads * self.head_dim
+        rows = slice(first * inner, (first + parts) * inner)  # a view of the weights, no copy
+        bias = None if self.in_proj.bias is None else self.in_proj.bias[rows]
+        return tuple(map(self._split, F.linear(x, self.in_proj.weight[rows], bias).chunk(parts, dim=-1)))
 
     def _split(self, x: Tensor) -> Tensor:
         """(batch, seq, heads * head_dim) -> (batch, heads, seq, head_dim)."""
@@ -195,18 +196,18 @@ class MultiHeadAttention(nn.Module):
             output (batch, queries, d_model) and weights (batch, heads, queries, keys) or None.
         """
         if memory is None:  # self-attention: q, k and v from one matmul, faster than three
-            q, k, v = map(self._split, self._project_qkv(x))
+            q, k, v = self._project(x, 0, 3)
             if self.rotary is not None:
                 offset = 0 if cache is None else len(cache)
                 q, k = self.rotary(q, offset), self.rotary(k, offset)
             if cache is not None:
                 k, v = cache.append(k, v)
         else:
-            q = self._split(self.q_proj(x))
+            (q,) = self._project(x, 0, 1)
             if cache is not None and cache.k is not None and cache.v is not None:
                 k, v = cache.k, cache.v  # the encoder's keys and values, projected on the first step
             else:
-                k, v = self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
+                k, v = self._project(memory, 1, 2)
                 if cache is not None:
                     cache.append(k, v)
         dropout_p = self.dropout if self.training else 0.0

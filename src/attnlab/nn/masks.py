@@ -69,6 +69,16 @@ def causal_mask(num_queries: int, num_keys: int | None = None, device: torch.dev
     return torch.tril(ones, diagonal=num_keys - num_queries)[None, None]
 
 
+def cached_causal_mask(num_new: int, num_seen: int, device: torch.device | str | None = None) -> Tensor | None:
+    """Look-ahead mask for ``num_new`` positions that follow ``num_seen`` cached ones, or None.
+
+    One new position (every step of incremental decoding) may see all keys, so no mask is needed, and
+    the unmasked fused kernel is the fastest path; otherwise :func:`causal_mask` of the new positions
+    against all keys, (1, 1, num_new, num_seen + num_new).
+    """
+    return None if num_new == 1 else causal_mask(num_new, num_seen + num_new, device=device)
+
+
 def decoder_self_mask(ids: Tensor, pad_id: int = 0) -> Tensor:
     """Causal and padding mask for a decoder's self-attention, both from the *target* ids.
 

@@ -12,6 +12,7 @@ checkpoint can store them next to the weights and rebuild the model with ``Model
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -19,7 +20,7 @@ from torch import Tensor, nn
 
 from attnlab.errors import AttnlabError
 from attnlab.nn.attention import KVCache
-from attnlab.nn.masks import causal_mask, decoder_self_mask, padding_mask
+from attnlab.nn.masks import cached_causal_mask, causal_mask, decoder_self_mask, padding_mask
 from attnlab.nn.stacks import Decoder, Encoder, PositionKind
 
 
@@ -117,8 +118,7 @@ class Transformer(_Model):
         if caches is None:
             self_mask = decoder_self_mask(tgt, self.pad_id)
         else:
-            seen = len(caches[0][0])
-            self_mask = causal_mask(tgt.shape[1], seen + tgt.shape[1], device=tgt.device)
+            self_mask = cached_causal_mask(tgt.shape[1], len(caches[0][0]), device=tgt.device)
         states, weights = self.decoder(
             tgt, memory, self_attend_mask=self_mask, memory_attend_mask=memory_attend_mask,
             need_weights=need_weights, caches=caches,
@@ -201,6 +201,7 @@ class DecoderLM(_Model):
 
     Embedding + positions -> pre-norm self-attention blocks with the causal mask -> final norm ->
     logits over the vocabulary, the output matrix tied to the embedding by default (GPT-2, nanoGPT).
+    Weights start from GPT-2's initialisation (:meth:`reset_parameters`).
 
     Args:
         vocab_size: vocabulary size.
@@ -239,6 +240,25 @@ class DecoderLM(_Model):
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         if tie_output:
             self.lm_head.weight = self.body.embed.tokens.weight
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2's initialisation, as nanoGPT applies it: N(0, 0.02) weights, zero biases, and the two
+        projections that write into the residual stream (attention output, feed-forward down) at
+        0.02 / sqrt(2 * layers), so the stream's variance does not grow with depth.
+
+        PyTorch's defaults draw embeddings from N(0, 1); with the output matrix tied to the embedding the
+        first logits would have a standard deviation of about sqrt(d_model), and training would start at a
+        loss of tens of nats instead of ln(vocab_size), wasting hundreds of steps.
+        """
+        residual_std = 0.02 / math.sqrt(2 * len(self.body.layers))
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                std = residual_std if name.endswith(("out_proj", "ffn.down")) else 0.02
+                nn.init.normal_(module.weight, 0.0, std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
 
     def new_caches(self) -> list[KVCache]:
         """Empty key/value caches, one per layer."""
@@ -251,10 +271,12 @@ class DecoderLM(_Model):
 
         With ``caches``, ``ids`` holds only the new positions, which follow the cached ones.
         """
-        seen = 0 if caches is None else len(caches[0])
-        mask = causal_mask(ids.shape[1], seen + ids.shape[1], device=ids.device)
-        if self.pad_id is not None and caches is None:
-            mask = mask & padding_mask(ids, self.pad_id)
+        if caches is None:
+            mask = causal_mask(ids.shape[1], device=ids.device)
+            if self.pad_id is not None:
+                mask = mask & padding_mask(ids, self.pad_id)
+        else:  # cached decoding never feeds padding
+            mask = cached_causal_mask(ids.shape[1], len(caches[0]), device=ids.device)
         states, weights = self.body(ids, attend_mask=mask, need_weights=return_attention, caches=caches)
         logits = self.lm_head(states)
         return (logits, weights) if return_attention else logits

@@ -168,6 +168,7 @@ class Classifier:
 def load_classifier(run_dir: str | Path) -> Classifier:
     """The model, tokenizer and labels of a ``classify`` run folder; anything unusable is one clear error."""
     from attnlab.data import load_tokenizer
+    from attnlab.tasks import classify_models  # noqa: F401  (registers TextClassifier for load_run)
     from attnlab.training.checkpoint import load_run
 
     run_dir = Path(run_dir)

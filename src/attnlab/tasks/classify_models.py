@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from attnlab.nn.masks import padding_mask
 from attnlab.nn.models import EncoderClassifier
 from attnlab.nn.stacks import PositionKind
+from attnlab.training.checkpoint import register_model
 
 
 def masked_mean(states: Tensor, keep: Tensor) -> Tensor:
@@ -88,6 +89,7 @@ class TokenFeatures(nn.Module):
         return x
 
 
+@register_model
 class TextClassifier(EncoderClassifier):
     """Seed 004's router with :class:`TokenFeatures`, one head per layer and a wide head (module docstring).
 

@@ -44,7 +44,9 @@ class DecodeSettings:
     """
 
     beam_size: int = 1
-    length_penalty: float = 0.6
+    # alpha 1.0 was chosen on Multi30k's validation set (beam 4: 35.6 BLEU at GNMT's 0.6, 36.4 at 1.0, 36.4 at 1.2;
+    # 0.6 made the outputs 4% shorter than the references)
+    length_penalty: float = 1.0
     max_len_a: float = 1.5
     max_len_b: int = 10
 
@@ -142,7 +144,7 @@ def _keep_best(group: list[tuple[float, list[int]]], k: int, score: float, hyp: 
 
 
 @torch.inference_mode()
-def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, length_penalty: float = 0.6,
+def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, length_penalty: float = 1.0,
                 max_len_a: float = 1.5, max_len_b: int = 10, use_cache: bool = True) -> list[list[int]]:
     """Beam search for a batch of sources (arguments as in :func:`greedy_search`).
 

@@ -32,7 +32,7 @@ from attnlab.nn.models import DecoderLM
 from attnlab.tasks.lm import load_lm_data, random_windows, seeded_generator
 from attnlab.tasks.lm_train import LMSettings, train_language_model
 from attnlab.tasks.sampling import generate
-from attnlab.training.checkpoint import WEIGHTS, load_weights, read_run_config
+from attnlab.training.checkpoint import load_run, register_model
 
 #: The short budget both models get (seconds each on two CPU cores). Rotary positions make "attend to the
 #: next position" the same pattern at every position, so the unmasked model finds the copy within this budget
@@ -42,6 +42,7 @@ LEAK_SETTINGS = LMSettings(layers=2, heads=4, width=64, context=32, positions="r
                            log_every=10, seed=0)
 
 
+@register_model
 class LeakyDecoderLM(DecoderLM):
     """:class:`DecoderLM` with its causal mask removed: every position attends to the whole window.
 
@@ -58,18 +59,12 @@ class LeakyDecoderLM(DecoderLM):
         return (logits, weights) if return_attention else logits
 
 
-MODEL_CLASSES: dict[str, type[DecoderLM]] = {"DecoderLM": DecoderLM, "LeakyDecoderLM": LeakyDecoderLM}
-
-
 def load_trained(run: str | Path) -> DecoderLM:
     """The model of one of the experiment's run folders (either class), in eval mode."""
-    config = read_run_config(run)
-    name = config["model"]["class"]
-    if name not in MODEL_CLASSES:
-        raise AttnlabError(f"{run} holds a {name}, not a model of the leak experiment")
-    model = MODEL_CLASSES[name](**config["model"]["kwargs"])
-    load_weights(model, Path(run) / WEIGHTS)
-    return model.eval()
+    model, _ = load_run(run)
+    if not isinstance(model, DecoderLM):
+        raise AttnlabError(f"{run} holds a {type(model).__name__}, not a model of the leak experiment")
+    return model
 
 
 @torch.no_grad()

@@ -43,8 +43,8 @@ from attnlab.tasks.parallel_data import (
     token_batches,
 )
 from attnlab.training import Batch, TrainConfig, TrainResult, seed_everything
-from attnlab.training.checkpoint import MODEL_CLASSES, load_run, model_config, read_run_config, write_run_config
 from attnlab.training.checkpoint import build_model as rebuild_model
+from attnlab.training.checkpoint import load_run, model_config, read_run_config, register_model, write_run_config
 from attnlab.training.distributed import Place, shard
 from attnlab.training.engine import config_dict, run_training
 
@@ -60,6 +60,7 @@ RECIPE_TRAIN: dict[str, Any] = dict(
 )
 
 
+@register_model  # run configs name their model class: a leaky run loads like any other
 class LeakyTransformer(Transformer):
     """The encoder-decoder **without the look-ahead mask** in teacher-forced training: a deliberate bug.
 
@@ -77,10 +78,6 @@ class LeakyTransformer(Transformer):
         states, weights = self.decoder(tgt, memory, self_attend_mask=self_mask, memory_attend_mask=memory_attend_mask,
                                        need_weights=need_weights)
         return self.output(states), weights
-
-
-# Run configs name their model class; this makes a leaky run loadable like any other.
-MODEL_CLASSES.setdefault("LeakyTransformer", LeakyTransformer)
 
 
 @dataclass

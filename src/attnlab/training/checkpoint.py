@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors import SafetensorError
@@ -28,14 +28,18 @@ from torch import nn
 from attnlab.errors import AttnlabError
 from attnlab.files import atomic_dir, atomic_path, recover_dir, write_json_atomic
 from attnlab.nn.models import DecoderLM, EncoderClassifier, Transformer
-from attnlab.tasks.classify_models import TextClassifier
 
-MODEL_CLASSES: dict[str, type[nn.Module]] = {
-    "Transformer": Transformer,
-    "EncoderClassifier": EncoderClassifier,
-    "DecoderLM": DecoderLM,
-    "TextClassifier": TextClassifier,
-}
+#: Model classes a run config may name, by class name: the core models, plus whatever a task module
+#: registers with :func:`register_model` when it is imported (its own models, the experiments' subclasses).
+MODEL_CLASSES: dict[str, type[nn.Module]] = {cls.__name__: cls for cls in (Transformer, EncoderClassifier, DecoderLM)}
+
+ModelClass = TypeVar("ModelClass", bound=type[nn.Module])
+
+
+def register_model(cls: ModelClass) -> ModelClass:
+    """Class decorator: let run configs name ``cls`` (it must keep its constructor arguments in ``.config``)."""
+    MODEL_CLASSES[cls.__name__] = cls
+    return cls
 
 CONFIG, WEIGHTS, CHECKPOINT = "config.json", "model.safetensors", "checkpoint"
 
@@ -66,18 +70,23 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
 
 
 def model_config(model: nn.Module) -> dict[str, Any]:
-    """``{"class": ..., "kwargs": ...}`` for a core model, enough to rebuild it."""
+    """``{"class": ..., "kwargs": ...}`` for a registered model, enough to rebuild it."""
     inner = unwrap(model)
     name = type(inner).__name__
     if name not in MODEL_CLASSES:
-        raise AttnlabError(f"cannot save a model of class {name}")
+        raise AttnlabError(f"cannot save a model of class {name}: it is not registered (register_model)")
     return {"class": name, "kwargs": dict(inner.config)}
 
 
 def build_model(spec: dict[str, Any]) -> nn.Module:
     """Rebuild a model from :func:`model_config`'s output."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("kwargs"), dict):
+        raise AttnlabError("model description in the config is not usable: it needs 'class' and 'kwargs'")
+    cls = MODEL_CLASSES.get(spec.get("class"))
+    if cls is None:
+        raise AttnlabError(f"the config names the model class {spec.get('class')!r}, which no loaded module registers")
     try:
-        return MODEL_CLASSES[spec["class"]](**spec["kwargs"])
+        return cls(**spec["kwargs"])
     except (KeyError, TypeError) as err:
         raise AttnlabError(f"model description in the config is not usable: {err}") from err
 
