@@ -80,18 +80,17 @@ class Embedder(nn.Module):
         return self.dropout(x)
 
 
-def _rotary(positions: PositionKind, d_model: int, num_heads: int, head_dim: int | None, max_positions: int) -> RotaryEmbedding | None:
-    if positions != "rotary":
-        return None
-    return RotaryEmbedding(head_dim or d_model // num_heads, max_positions)
+class _Stack(nn.Module):
+    """What both stacks are built of: an :class:`Embedder`, ``num_layers`` layers of ``layer_class``, and a
+    final norm when the layers are pre-norm (post-norm layers end normalised already).
 
-
-class Encoder(nn.Module):
-    """Embedder followed by ``num_layers`` encoder layers (and a final norm when pre-norm).
-
-    With a causal ``attend_mask`` the same stack is a decoder-only (GPT) body.
-    Layer arguments as in :class:`~attnlab.nn.layers.EncoderLayer`.
+    Args:
+        vocab_size, d_model, max_positions, positions, scale_embedding: the embedder's.
+        num_layers, num_heads, d_ff, dropout, head_dim, norm_first, eps, activation: each layer's, as in
+            :class:`~attnlab.nn.layers.EncoderLayer`.
     """
+
+    layer_class: type[EncoderLayer] | type[DecoderLayer]
 
     def __init__(
         self,
@@ -114,15 +113,23 @@ class Encoder(nn.Module):
         self.embed = Embedder(
             vocab_size, d_model, max_positions=max_positions, positions=positions, scale=scale_embedding, dropout=dropout
         )
-        rotary = _rotary(positions, d_model, num_heads, head_dim, max_positions)
-        self.layers = nn.ModuleList(
-            EncoderLayer(
-                d_model, num_heads, d_ff, dropout=dropout, head_dim=head_dim, norm_first=norm_first,
-                eps=eps, activation=activation, rotary=rotary,
-            )
-            for _ in range(num_layers)
-        )
+        layer = dict(dropout=dropout, head_dim=head_dim, norm_first=norm_first, eps=eps, activation=activation)
+        if positions == "rotary":  # rotary positions live inside self-attention, one table shared by the layers
+            if self.layer_class is not EncoderLayer:
+                raise AttnlabError("the encoder-decoder decoder supports sinusoidal, learned or no positions")
+            layer["rotary"] = RotaryEmbedding(head_dim or d_model // num_heads, max_positions)
+        self.layers = nn.ModuleList(self.layer_class(d_model, num_heads, d_ff, **layer) for _ in range(num_layers))
         self.final_norm = nn.LayerNorm(d_model, eps=eps) if norm_first else nn.Identity()
+
+
+class Encoder(_Stack):
+    """Embedder followed by ``num_layers`` encoder layers (and a final norm when pre-norm).
+
+    With a causal ``attend_mask`` the same stack is a decoder-only (GPT) body. Arguments as in
+    :class:`_Stack`; ``positions="rotary"`` rotates queries and keys inside every self-attention.
+    """
+
+    layer_class = EncoderLayer
 
     def forward(
         self,
@@ -148,43 +155,13 @@ class Encoder(nn.Module):
         return self.final_norm(x), weights
 
 
-class Decoder(nn.Module):
+class Decoder(_Stack):
     """Embedder followed by ``num_layers`` decoder layers (and a final norm when pre-norm).
 
-    Layer arguments as in :class:`~attnlab.nn.layers.DecoderLayer`.
+    Arguments as in :class:`_Stack` (sinusoidal, learned or no positions).
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        d_model: int,
-        num_layers: int,
-        num_heads: int,
-        d_ff: int,
-        *,
-        max_positions: int,
-        dropout: float = 0.1,
-        head_dim: int | None = None,
-        norm_first: bool = False,
-        eps: float = 1e-6,
-        activation: str = "relu",
-        positions: PositionKind = "sinusoidal",
-        scale_embedding: bool = True,
-    ) -> None:
-        super().__init__()
-        if positions == "rotary":
-            raise AttnlabError("the encoder-decoder decoder supports sinusoidal, learned or no positions")
-        self.embed = Embedder(
-            vocab_size, d_model, max_positions=max_positions, positions=positions, scale=scale_embedding, dropout=dropout
-        )
-        self.layers = nn.ModuleList(
-            DecoderLayer(
-                d_model, num_heads, d_ff, dropout=dropout, head_dim=head_dim, norm_first=norm_first,
-                eps=eps, activation=activation,
-            )
-            for _ in range(num_layers)
-        )
-        self.final_norm = nn.LayerNorm(d_model, eps=eps) if norm_first else nn.Identity()
+    layer_class = DecoderLayer
 
     def forward(
         self,
