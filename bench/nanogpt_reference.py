@@ -93,6 +93,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=1337)
     args = parser.parse_args()
+    if not args.text.is_file():
+        raise SystemExit(f"error: no text file {args.text} (tinyshakespeare's input.txt)")
+    if args.iters < 1:
+        raise SystemExit(f"error: --iters must be at least 1, got {args.iters}")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

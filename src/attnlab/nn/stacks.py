@@ -110,13 +110,13 @@ class _Stack(nn.Module):
         scale_embedding: bool = True,
     ) -> None:
         super().__init__()
+        if positions == "rotary" and self.layer_class is not EncoderLayer:
+            raise AttnlabError("the encoder-decoder decoder supports sinusoidal, learned or no positions")
         self.embed = Embedder(
             vocab_size, d_model, max_positions=max_positions, positions=positions, scale=scale_embedding, dropout=dropout
         )
         layer = dict(dropout=dropout, head_dim=head_dim, norm_first=norm_first, eps=eps, activation=activation)
         if positions == "rotary":  # rotary positions live inside self-attention, one table shared by the layers
-            if self.layer_class is not EncoderLayer:
-                raise AttnlabError("the encoder-decoder decoder supports sinusoidal, learned or no positions")
             layer["rotary"] = RotaryEmbedding(head_dim or d_model // num_heads, max_positions)
         self.layers = nn.ModuleList(self.layer_class(d_model, num_heads, d_ff, **layer) for _ in range(num_layers))
         self.final_norm = nn.LayerNorm(d_model, eps=eps) if norm_first else nn.Identity()
