@@ -132,6 +132,7 @@ def test_bad_training_input_is_one_line_and_exit_2(tmp_path):
     three = tmp_path / "three.csv"
     three.write_text("text,a,b\nx,1,2\n", encoding="utf-8")
     assert "['text', 'a', 'b']" in one_error_line(run(*train, "--train", three))
+    assert "EMA decay" in one_error_line(run(*train, "--train", good, "--ema", "1.5"))
     assert not (tmp_path / "out").exists()  # nothing was started
 
 

@@ -187,3 +187,89 @@ def test_model_classes_must_be_registered_and_registered_ones_round_trip(tmp_pat
     assert type(loaded) is RegisteredLM and config["model"]["class"] == "RegisteredLM"
     ids = torch.tensor([[1, 2, 3]])
     torch.testing.assert_close(loaded(ids), model(ids))
+
+
+class WeightRecordingTask(ToyTask):
+    """The toy task, noting the weights each step starts from (the weights after the step before)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.seen: list[list[torch.Tensor]] = []
+
+    def loss(self, model, data):
+        self.seen.append([p.detach().clone() for p in model.parameters()])
+        return super().loss(model, data)
+
+
+def ema_run(out, decay, steps=8, resume=False, fail_at_batch=-1):
+    seed_everything(0)
+    task = WeightRecordingTask(fail_at_batch=fail_at_batch)
+    model = task.model(dropout=0.1)
+    config = TrainConfig(max_steps=steps, lr=3e-3, warmup_steps=3, eval_every=4, progress=False, ema_decay=decay)
+    trainer = Trainer(model, task, config, out)
+    trainer.fit(resume=resume)
+    return trainer, task
+
+
+def test_ema_averages_the_weights_and_is_what_evaluation_keeps(tmp_path):
+    decay = 0.6
+    plain, task = ema_run(tmp_path / "plain", 0.0)
+    averaged, _ = ema_run(tmp_path / "ema", decay)
+    # The average does not change training: the raw weights end the same.
+    for a, b in zip(plain.model.parameters(), averaged.model.parameters()):
+        assert torch.equal(a, b)
+    # Weights after steps 1..8: what steps 2..8 started from, then the final ones.
+    after = task.seen[1:] + [[p.detach() for p in plain.model.parameters()]]
+    expected, at_eval = None, {}
+    for step, weights in enumerate(after, start=1):
+        expected = weights if expected is None else [decay * e + (1 - decay) * w for e, w in zip(expected, weights)]
+        at_eval[step] = expected
+    for got, want in zip(averaged.averaged.module.parameters(), at_eval[8]):
+        torch.testing.assert_close(got, want)
+    assert not all(torch.equal(a, b) for a, b in zip(averaged.model.parameters(), averaged.averaged.module.parameters()))
+    # model.safetensors holds the average at the best evaluation, not the raw weights.
+    evals = [json.loads(x) for x in (tmp_path / "ema/metrics.jsonl").read_text().splitlines() if "eval" in x]
+    best_step = [e["step"] for e in evals if e["best"]][-1]
+    kept = ToyTask().model(dropout=0.1)
+    load_weights(kept, tmp_path / "ema/model.safetensors")
+    for got, want in zip(kept.parameters(), at_eval[best_step]):
+        torch.testing.assert_close(got, want)
+
+
+def test_ema_run_resumes_to_the_identical_average(tmp_path):
+    straight, _ = ema_run(tmp_path / "a", 0.9, steps=12)
+    with pytest.raises(KeyboardInterrupt):
+        ema_run(tmp_path / "b", 0.9, steps=12, fail_at_batch=11)  # dies after the step-8 checkpoint
+    assert (tmp_path / "b/checkpoint/averaged.safetensors").is_file()
+    resumed, _ = ema_run(tmp_path / "b", 0.9, steps=12, resume=True)
+    assert int(resumed.averaged.n_averaged) == 12
+    for a, b in zip(straight.averaged.module.state_dict().values(), resumed.averaged.module.state_dict().values()):
+        assert torch.equal(a, b)
+    # A checkpoint without an average cannot resume a run that keeps one.
+    plain_run = tmp_path / "c"
+    train(plain_run, steps=4)
+    with pytest.raises(AttnlabError, match="moving average"):
+        ema_run(plain_run, 0.9, steps=8, resume=True)
+
+
+def test_ema_decay_outside_zero_one_is_rejected_before_a_run_folder_is_made(tmp_path):
+    from click.testing import CliRunner
+
+    from attnlab.cli.main import cli
+
+    with pytest.raises(AttnlabError, match="EMA decay"):
+        TrainConfig(ema_decay=1.0).validate()
+    text = tmp_path / "t.txt"
+    text.write_text("to be or not to be\n" * 50, encoding="utf-8")
+    for side, line in (("de", "ein mann"), ("en", "a man")):
+        (tmp_path / f"p.{side}").write_text(f"{line}\n" * 4, encoding="utf-8")
+    commands = {
+        "lm": ["train", "lm", "--text", text, "--steps", "2"],
+        "translate": ["train", "translate", "--train", tmp_path / "p", "--valid", tmp_path / "p", "--max-steps", "2"],
+    }
+    for name, args in commands.items():
+        out = tmp_path / name
+        result = CliRunner().invoke(cli, [str(a) for a in [*args, "--out", out, "--ema", "-0.5", "--no-progress"]])
+        assert result.exit_code == 2, result.output
+        assert result.output.strip().splitlines()[-1].startswith("error: the EMA decay"), result.output
+        assert not out.exists()  # nothing half-made to trip over on the next try

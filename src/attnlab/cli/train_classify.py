@@ -66,6 +66,9 @@ def _default(name: str) -> str:
 @click.option("--weight-decay", type=float, default=None, help=f"{_default('weight_decay')}")
 @click.option("--grad-clip", type=float, default=None, help=f"{_default('grad_clip')}")
 @click.option("--label-smoothing", type=float, default=None, help=f"{_default('label_smoothing')}")
+@click.option("--ema", "ema_decay", type=float, default=None,
+              help="Evaluate and keep an exponential moving average of the weights with this decay per step "
+                   f"(0: off). {_default('ema_decay')}")
 @click.option("--eval-every", type=int, default=None, help="Evaluate every N steps, keep the best weights. [default: each epoch]")
 @click.option("--patience", type=int, default=None, help="Stop after N evaluations without improvement. [default: 0, never]")
 @click.option("--checkpoint-every", type=int, default=None,

@@ -51,6 +51,8 @@ def describe_report(report: LMReport, out: Path) -> list[str]:
 @click.option("--warmup", type=int, default=None, help="Linear warmup steps.")
 @click.option("--weight-decay", type=float, default=None)
 @click.option("--grad-clip", type=float, default=None)
+@click.option("--ema", "ema_decay", type=float, default=None,
+              help="Evaluate and keep a moving average of the weights with this decay per step (0: off).")
 @click.option("--eval-every", type=int, default=None, help="Evaluate every N steps (0: only at the end).")
 @click.option("--eval-iters", type=int, default=None, help="Validation batches per evaluation during training.")
 @click.option("--final-eval-iters", type=int, default=None, help="Validation batches of the final loss.")

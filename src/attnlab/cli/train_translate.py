@@ -45,6 +45,8 @@ _M, _T = RECIPE_MODEL, RECIPE_TRAIN
 @click.option("--max-steps", default=_T["max_steps"], show_default=True)
 @click.option("--max-seconds", default=_T["max_seconds"], show_default=True,
               help="Time budget (training plus validation); 0 = none.")
+@click.option("--ema", "ema_decay", default=0.0, show_default=True,
+              help="Validate and keep a moving average of the weights with this decay per step (0: off).")
 @click.option("--eval-every", default=_T["eval_every"], show_default=True, help="Validate every N steps (and at the end).")
 @click.option("--select", type=click.Choice(["bleu", "loss"]), default="bleu", show_default=True,
               help="Keep the weights with the best validation BLEU (greedy) or the lowest validation loss.")
@@ -59,8 +61,8 @@ _M, _T = RECIPE_MODEL, RECIPE_TRAIN
 def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint_vocab: bool, vocab_size: int,
                     share_embeddings: bool, tie_output: bool, d_model: int, layers: int, heads: int, d_ff: int,
                     dropout: float, max_positions: int, max_tokens: int, label_smoothing: float, lr: float,
-                    warmup: int, schedule: str, max_steps: int, max_seconds: float, eval_every: int, select: str,
-                    valid_sentences: int, seed: int, bf16: bool, threads: int | None, resume: bool, leak: bool,
+                    warmup: int, schedule: str, max_steps: int, max_seconds: float, ema_decay: float, eval_every: int,
+                    select: str, valid_sentences: int, seed: int, bf16: bool, threads: int | None, resume: bool, leak: bool,
                     progress: bool) -> None:
     """Train a translation model from PREFIX.SRC/PREFIX.TGT line-aligned files into the run folder --out.
 
@@ -77,8 +79,8 @@ def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint
     model_kwargs = dict(d_model=d_model, num_layers=layers, num_heads=heads, d_ff=d_ff, dropout=dropout,
                         max_src_positions=max_positions, max_tgt_positions=max_positions)
     config = TrainConfig(**{**_T, "lr": lr, "warmup_steps": warmup, "schedule": schedule, "max_steps": max_steps,
-                            "max_seconds": max_seconds, "eval_every": eval_every, "seed": seed, "bf16": bf16,
-                            "progress": progress})
+                            "max_seconds": max_seconds, "ema_decay": ema_decay, "eval_every": eval_every, "seed": seed,
+                            "bf16": bf16, "progress": progress})
     with report_warnings():
         result = train_translation(train=train, valid=valid, out=out, settings=settings, model_kwargs=model_kwargs,
                                    share_embeddings=share_embeddings and joint_vocab, tie_output=tie_output,

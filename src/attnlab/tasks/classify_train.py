@@ -72,6 +72,8 @@ class ClassifySettings:
             run gets as many whole epochs as fit (at most ``max_epochs``), so the cosine schedule ends on time
             on a fast machine and a slow one alike instead of being cut off half-way.
         lr, min_lr, warmup_epochs, weight_decay, grad_clip, label_smoothing: AdamW, linear warmup, cosine decay.
+        ema_decay: keep, evaluate and save an exponential moving average of the weights (0 = off; the engine's
+            :class:`~attnlab.training.TrainConfig`).
         eval_every: evaluate (and keep the best weights) every N steps; 0 = once per epoch.
         patience: stop after this many evaluations without improvement (0 = never).
         checkpoint_every: also write the resume checkpoint every N steps (0 = at evaluations only).
@@ -112,6 +114,7 @@ class ClassifySettings:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     label_smoothing: float = 0.1
+    ema_decay: float = 0.0
     eval_every: int = 0
     patience: int = 0
     checkpoint_every: int = 0
@@ -139,11 +142,12 @@ class ClassifySettings:
             raise AttnlabError("batch size, max epochs and max positions must be at least 1, epochs at least 0")
         if not self.epochs and not self.steps and not self.max_seconds:
             raise AttnlabError("epochs 0 fits the run to --max-seconds; give --epochs, --steps or --max-seconds")
+        self.train_config(1, 1, progress=False).validate()  # the engine's own checks (EMA decay, learning rate)
 
     def train_config(self, steps: int, steps_per_epoch: int, progress: bool) -> TrainConfig:
         return TrainConfig(
             max_steps=steps, lr=self.lr, min_lr=self.min_lr, warmup_steps=round(self.warmup_epochs * steps_per_epoch),
-            schedule="cosine", weight_decay=self.weight_decay, grad_clip=self.grad_clip,
+            schedule="cosine", weight_decay=self.weight_decay, grad_clip=self.grad_clip, ema_decay=self.ema_decay,
             eval_every=self.eval_every or steps_per_epoch, patience=self.patience,
             checkpoint_every=self.checkpoint_every, log_every=10, bf16=self.bf16, seed=self.seed,
             max_seconds=self.max_seconds, progress=progress,

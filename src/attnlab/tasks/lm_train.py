@@ -56,6 +56,7 @@ class LMSettings:
         layers, heads, width, context, dropout, positions: the :class:`~attnlab.nn.DecoderLM`.
         batch_size: windows per optimizer step.
         steps, lr, min_lr, warmup, weight_decay, betas, grad_clip: AdamW with linear warmup and cosine decay.
+        ema_decay: evaluate and keep a moving average of the weights (0 = off; the engine's ``TrainConfig``).
         eval_every, eval_iters: evaluation during training (0 = only at the end), on how many batches.
         final_eval_iters: batches of the final validation loss, the figure the run reports.
         eval_batch_size: windows per evaluation batch (nanoGPT's 12 whatever the training batch, so that
@@ -80,6 +81,7 @@ class LMSettings:
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.99)
     grad_clip: float = 1.0
+    ema_decay: float = 0.0
     eval_every: int = 250
     eval_iters: int = 20
     final_eval_iters: int = 200
@@ -101,7 +103,8 @@ class LMSettings:
     def train_config(self, progress: bool = True) -> TrainConfig:
         return TrainConfig(
             max_steps=self.steps, lr=self.lr, min_lr=self.min_lr, warmup_steps=self.warmup, schedule="cosine",
-            weight_decay=self.weight_decay, betas=self.betas, grad_clip=self.grad_clip, eval_every=self.eval_every,
+            weight_decay=self.weight_decay, betas=self.betas, grad_clip=self.grad_clip, ema_decay=self.ema_decay,
+            eval_every=self.eval_every,
             log_every=self.log_every, bf16=self.bf16, compile=self.compile, seed=self.seed,
             max_seconds=self.max_seconds, progress=progress,
         )
@@ -222,6 +225,7 @@ def train_language_model(
         settings = LMSettings(**{**saved, "betas": tuple(saved["betas"])})
     elif (Path(out) / CONFIG).exists():
         raise AttnlabError(f"{out} already holds a run; continue it with --resume or choose another --out")
+    settings.train_config(False).validate()  # before anything is written: a bad setting leaves no half-made run
     with torch_threads(settings.threads):  # restored afterwards: callers in the same process keep theirs
         if data is None:
             data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction,

@@ -276,6 +276,7 @@ def train_translation(
     """
     out = Path(out)
     config = train_config or TrainConfig(**RECIPE_TRAIN)
+    config.validate()  # before anything is written: a bad setting leaves no half-made run
     if resume:
         run_cfg = read_run_config(out, TASK)
         settings = TranslateSettings.from_dict(run_cfg["settings"])

@@ -6,7 +6,8 @@ A run folder holds::
     RUN/tokenizer.json       the tokenizer (written by the task)
     RUN/model.safetensors    the best weights so far (what eval, predict and generate load)
     RUN/checkpoint/          the latest training state, for --resume:
-        model.safetensors, optimizer.safetensors (AdamW moments, RNG state), trainer.json (step, ...)
+        model.safetensors, optimizer.safetensors (AdamW moments, RNG state), trainer.json (step, ...),
+        averaged.safetensors (the weights' moving average, when training keeps one)
     RUN/metrics.jsonl        one JSON object per logged step or evaluation
     RUN/loss.png             the loss curve, drawn at the end
 
@@ -42,6 +43,7 @@ def register_model(cls: ModelClass) -> ModelClass:
     return cls
 
 CONFIG, WEIGHTS, CHECKPOINT = "config.json", "model.safetensors", "checkpoint"
+AVERAGED = "averaged.safetensors"  # in CHECKPOINT/, when training keeps a moving average of the weights
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -58,11 +60,15 @@ def save_weights(model: nn.Module, path: str | Path) -> None:
 
 def load_weights(model: nn.Module, path: str | Path) -> None:
     """Load safetensors weights into ``model``; a missing or corrupt file is an :class:`AttnlabError`."""
-    path = Path(path)
+    _load_into(unwrap(model), Path(path))
+
+
+def _load_into(model: nn.Module, path: Path) -> None:
+    """Load ``path`` into exactly this module (no unwrapping: an ``AveragedModel`` keeps its counter)."""
     if not path.is_file():
         raise AttnlabError(f"no weights file {path}")
     try:
-        missing, unexpected = load_model(unwrap(model), str(path), strict=False)
+        missing, unexpected = load_model(model, str(path), strict=False)
     except (SafetensorError, OSError, RuntimeError, ValueError) as err:
         raise AttnlabError(f"{path} is not a readable safetensors file for this model ({str(err).splitlines()[0]})") from err
     if missing or unexpected:
@@ -124,9 +130,11 @@ def load_run(run_dir: str | Path, task: str | None = None) -> tuple[nn.Module, d
 
 
 def save_checkpoint(
-    run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any]
+    run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any], *,
+    averaged: nn.Module | None = None,
 ) -> None:
-    """Write ``RUN/checkpoint/`` whole: weights, optimizer moments, RNG state and the trainer's counters."""
+    """Write ``RUN/checkpoint/`` whole: weights, optimizer moments, RNG state, the trainer's counters and, if
+    given, the averaged model (its weights and how many steps it has averaged)."""
     tensors: dict[str, torch.Tensor] = {"rng.torch": torch.get_rng_state()}
     state = optimizer.state_dict()
     for index, per_param in state["state"].items():
@@ -134,6 +142,8 @@ def save_checkpoint(
             tensors[f"state.{index}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
     with atomic_dir(Path(run_dir) / CHECKPOINT) as tmp:
         save_model(unwrap(model), str(tmp / WEIGHTS))
+        if averaged is not None:
+            save_model(averaged, str(tmp / AVERAGED))
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "optimizer.safetensors"))
         (tmp / "trainer.json").write_text(
             json.dumps({"trainer": trainer_state, "param_groups": state["param_groups"]}, indent=2), encoding="utf-8"
@@ -146,12 +156,17 @@ def has_checkpoint(run_dir: str | Path) -> bool:
     return (Path(run_dir) / CHECKPOINT / "trainer.json").is_file()
 
 
-def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Restore weights, optimizer and RNG from ``RUN/checkpoint/``; return the trainer's counters."""
+def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                    averaged: nn.Module | None = None) -> dict[str, Any]:
+    """Restore weights, optimizer, RNG and the averaged model from ``RUN/checkpoint/``; return the counters."""
     folder = Path(run_dir) / CHECKPOINT
     if not has_checkpoint(run_dir):
         raise AttnlabError(f"nothing to resume: {folder} holds no checkpoint")
     load_weights(model, folder / WEIGHTS)
+    if averaged is not None:
+        if not (folder / AVERAGED).is_file():
+            raise AttnlabError(f"checkpoint in {folder} holds no moving average of the weights, but this run keeps one")
+        _load_into(averaged, folder / AVERAGED)
     try:
         tensors = load_file(str(folder / "optimizer.safetensors"))
         meta = json.loads((folder / "trainer.json").read_text(encoding="utf-8"))

@@ -3,9 +3,15 @@
 A task (classification, language modelling, translation) supplies its batches, its loss and its
 evaluation through the small :class:`Task` protocol; :class:`Trainer` does the rest, the same way for
 all of them: AdamW, a step-indexed learning-rate schedule, gradient clipping and accumulation, optional
-bfloat16 autocast, evaluation every N steps with the best weights kept, early stopping, atomic
-safetensors checkpoints with exact resume, DDP under torchrun, a progress bar, JSON-lines metrics and a
-loss-curve PNG.
+bfloat16 autocast, an exponential moving average of the weights, evaluation every N steps with the best
+weights kept, early stopping, atomic safetensors checkpoints with exact resume, DDP under torchrun, a
+progress bar, JSON-lines metrics and a loss-curve PNG.
+
+**Weight averaging.** With ``ema_decay`` > 0 the engine keeps an exponential moving average of the
+weights (torch's :class:`~torch.optim.swa_utils.AveragedModel`, updated after every optimizer step), and
+evaluation, model selection and ``model.safetensors`` use the averaged weights, not the raw ones: the
+average smooths the step-to-step noise of the last epochs, as checkpoint averaging does for translation
+models. The average is part of the checkpoint, so resume stays exact.
 
 **Exact resume.** Batches are a deterministic function of (seed, epoch); the learning rate a function
 of the step; dropout draws from torch's global RNG, whose state is saved in every checkpoint. A run
@@ -31,6 +37,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from attnlab.errors import AttnlabError
 from attnlab.training import distributed
@@ -95,6 +102,7 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
     grad_accum: int = 1
+    ema_decay: float = 0.0
     eval_every: int = 0
     patience: int = 0
     checkpoint_every: int = 0
@@ -111,6 +119,8 @@ class TrainConfig:
             raise AttnlabError(f"max_steps must be >= 1, got {self.max_steps}")
         if self.grad_accum < 1:
             raise AttnlabError(f"grad_accum must be >= 1, got {self.grad_accum}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise AttnlabError(f"the EMA decay must be in [0, 1) (0 = off), got {self.ema_decay}")
         if not self.lr > 0:
             raise AttnlabError(f"learning rate must be > 0, got {self.lr}")
         Schedule(self.schedule)  # raises on an unknown kind
@@ -168,6 +178,8 @@ class Trainer:
         config.validate()
         self.config, self.task, self.out = config, task, Path(out)
         self.place = distributed.setup(config.device)
+        if self.place.is_main:
+            self.out.mkdir(parents=True, exist_ok=True)
         self.model = model.to(self.place.device)
         # The fused kernel updates each parameter in one pass; on the CPU the foreach path falls back to
         # one op per tensor per update term and costs about three times as much (issue 6's benchmark).
@@ -176,6 +188,10 @@ class Trainer:
             fused=self.place.device.type in ("cpu", "cuda"),
         )
         self.schedule = Schedule(config.schedule, config.lr, config.warmup_steps, config.max_steps, config.min_lr)
+        # The average copies the model as it is now, buffers included (a task fills its buffers before this).
+        self.averaged: AveragedModel | None = None
+        if config.ema_decay:
+            self.averaged = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(config.ema_decay))
         self.net: nn.Module = self.model
         if self.place.distributed:
             self.net = DistributedDataParallel(self.model)
@@ -189,6 +205,11 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------------------
     # bookkeeping
+
+    @property
+    def eval_model(self) -> nn.Module:
+        """The weights that are evaluated and kept: the moving average if there is one, else the model."""
+        return self.model if self.averaged is None else self.averaged.module
 
     @property
     def metrics_path(self) -> Path:
@@ -215,7 +236,7 @@ class Trainer:
 
     def _checkpoint(self) -> None:
         if self.place.is_main:
-            save_checkpoint(self.out, self.model, self.optimizer, self.state)
+            save_checkpoint(self.out, self.model, self.optimizer, self.state, averaged=self.averaged)
         self.checkpoint_step = self.state["step"]
         distributed.barrier(self.place)
 
@@ -223,7 +244,7 @@ class Trainer:
         """Continue from ``out/checkpoint`` (weights, optimizer, RNG, counters)."""
         if not has_checkpoint(self.out):
             raise AttnlabError(f"nothing to resume in {self.out}: no checkpoint/ folder")
-        self.state.update(load_checkpoint(self.out, self.model, self.optimizer))
+        self.state.update(load_checkpoint(self.out, self.model, self.optimizer, averaged=self.averaged))
         self.checkpoint_step = self.state["step"]
         self._trim_metrics(self.state["step"])
 
@@ -289,22 +310,24 @@ class Trainer:
             group["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.averaged is not None:
+            self.averaged.update_parameters(self.model)
         return mean_loss, tokens
 
     def _evaluate(self) -> bool:
         """Evaluate on rank 0, keep the best weights, and decide whether to stop early."""
         stop = False
         if self.place.is_main:
-            self.model.eval()
+            model = self.eval_model.eval()
             with torch.no_grad(), self._autocast():
-                metrics = {k: float(v) for k, v in self.task.evaluate(self.model).items()}
+                metrics = {k: float(v) for k, v in self.task.evaluate(model).items()}
             if "score" not in metrics:
                 raise AttnlabError("the task's evaluate() must return a 'score'")
             improved = metrics["score"] > self.state["best_score"]
             if improved:
                 self.state.update(best_score=metrics["score"], best={**metrics, "step": self.state["step"]},
                                   evals_without_improvement=0)
-                save_weights(self.model, self.out / WEIGHTS)
+                save_weights(model, self.out / WEIGHTS)
             else:
                 self.state["evals_without_improvement"] += 1
             self._log({"step": self.state["step"], "eval": metrics, "best": improved})
