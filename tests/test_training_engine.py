@@ -250,6 +250,9 @@ def test_ema_run_resumes_to_the_identical_average(tmp_path):
     train(plain_run, steps=4)
     with pytest.raises(AttnlabError, match="moving average"):
         ema_run(plain_run, 0.9, steps=8, resume=True)
+    # ... nor the other way round: dropping the average on resume would change what the run keeps.
+    with pytest.raises(AttnlabError, match="keeps none"):
+        train(tmp_path / "b", steps=12, resume=True)
 
 
 def test_ema_decay_outside_zero_one_is_rejected_before_a_run_folder_is_made(tmp_path):

@@ -163,9 +163,11 @@ def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.opti
     if not has_checkpoint(run_dir):
         raise AttnlabError(f"nothing to resume: {folder} holds no checkpoint")
     load_weights(model, folder / WEIGHTS)
+    kept = (folder / AVERAGED).is_file()
+    if kept != (averaged is not None):  # resuming with other settings would drop or invent the average silently
+        raise AttnlabError(f"checkpoint in {folder} {'holds a' if kept else 'holds no'} moving average of the weights, "
+                           f"but this run {'keeps none (resume with the same --ema)' if kept else 'keeps one'}")
     if averaged is not None:
-        if not (folder / AVERAGED).is_file():
-            raise AttnlabError(f"checkpoint in {folder} holds no moving average of the weights, but this run keeps one")
         _load_into(averaged, folder / AVERAGED)
     try:
         tensors = load_file(str(folder / "optimizer.safetensors"))
