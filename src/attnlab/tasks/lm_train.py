@@ -104,8 +104,7 @@ class LMSettings:
         return TrainConfig(
             max_steps=self.steps, lr=self.lr, min_lr=self.min_lr, warmup_steps=self.warmup, schedule="cosine",
             weight_decay=self.weight_decay, betas=self.betas, grad_clip=self.grad_clip, ema_decay=self.ema_decay,
-            eval_every=self.eval_every,
-            log_every=self.log_every, bf16=self.bf16, compile=self.compile, seed=self.seed,
+            eval_every=self.eval_every, log_every=self.log_every, bf16=self.bf16, compile=self.compile, seed=self.seed,
             max_seconds=self.max_seconds, progress=progress,
         )
 
@@ -225,7 +224,8 @@ def train_language_model(
         settings = LMSettings(**{**saved, "betas": tuple(saved["betas"])})
     elif (Path(out) / CONFIG).exists():
         raise AttnlabError(f"{out} already holds a run; continue it with --resume or choose another --out")
-    settings.train_config(False).validate()  # before anything is written: a bad setting leaves no half-made run
+    config = settings.train_config(progress)
+    config.validate()  # before anything is written: a bad setting leaves no half-made run
     with torch_threads(settings.threads):  # restored afterwards: callers in the same process keep theirs
         if data is None:
             data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction,
@@ -237,7 +237,6 @@ def train_language_model(
         model = build_lm(settings, data.tokenizer.vocab_size, model_class)
         task = LMTask(data.train, data.val, context=settings.context, batch_size=settings.batch_size,
                       seed=settings.seed, eval_iters=settings.eval_iters, eval_batch_size=settings.eval_batch_size)
-        config = settings.train_config(progress)
         write_run_config(out, {
             "task": task_name,
             # A subclass (the leak experiment's) is recorded under its own name: no loader mistakes it for DecoderLM.
