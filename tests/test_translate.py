@@ -191,3 +191,32 @@ def test_resume_continues_a_run_from_its_checkpoint(toy, tmp_path):
     assert json.loads(result.stdout.strip().splitlines()[-1])["steps"] == 305
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]  # none twice
     assert steps[-1] == 305 and steps == sorted(steps)
+    # More steps than the run started with is allowed, but said aloud, and config.json records what was used.
+    assert "resume: continuing with other training settings than before: max_steps 300 -> 305" in result.stderr
+    assert json.loads((run / "config.json").read_text())["train"]["max_steps"] == 305
+    assert "ignored" not in result.stderr  # the same data and model flags as the run: nothing to ignore
+
+
+def test_resume_names_the_model_flags_it_ignores(toy, tmp_path):
+    import shutil
+
+    run = tmp_path / "resumed"
+    shutil.copytree(toy["run"], run)
+    small = [a if a != "32" else "64" for a in SMALL]  # --d-model 64 instead of the run's 32
+    result = run_cli("train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src",
+                     "xx", "--tgt", "yy", "--out", run, "--resume", "--max-steps", "300", "--eval-every", "150",
+                     *small)
+    assert "ignored: d_model=64 (the run has 32)" in result.stderr
+    assert json.loads((run / "config.json").read_text())["model"]["kwargs"]["d_model"] == 32
+
+
+def test_a_new_run_refuses_a_folder_that_holds_one_and_leaves_it_intact(toy):
+    run = toy["run"]
+    before = {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    result = CliRunner().invoke(cli, [str(a) for a in (
+        "train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src", "xx",
+        "--tgt", "yy", "--out", run, "--max-steps", "5", *SMALL)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "already holds a run; pass --resume" in lines[0], result.stderr
+    assert {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

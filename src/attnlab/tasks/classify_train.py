@@ -43,6 +43,7 @@ from attnlab.training.checkpoint import (
     read_run_config,
     write_run_config,
 )
+from attnlab.training.distributed import is_main_process
 from attnlab.training.engine import config_dict, run_training, to_device
 
 TOKENIZER_FILE, RESULT_FILE = "tokenizer.json", "result.json"
@@ -327,11 +328,6 @@ def time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySetti
     return seconds
 
 
-def _is_main_process() -> bool:
-    """Rank 0 under torchrun (known before the engine joins the process group), or a plain run."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
 def train_classifier(
     train_path: str | Path,
     out: str | Path,
@@ -358,7 +354,7 @@ def train_classifier(
     """
     started = time.perf_counter()
     out = Path(out)
-    main = _is_main_process()
+    main = is_main_process()
     note = on_note if main else (lambda _line: None)
     saved: dict[str, Any] | None = None
     if resume:

@@ -45,6 +45,7 @@ from attnlab.tasks.lm import (
 )
 from attnlab.training import TrainConfig, seed_everything
 from attnlab.training.checkpoint import CONFIG, WEIGHTS, load_weights, model_config, read_run_config, write_run_config
+from attnlab.training.distributed import is_main_process
 from attnlab.training.engine import config_dict, run_training
 
 
@@ -222,7 +223,7 @@ def train_language_model(
     if resume:  # the saved settings win: a resumed run must repeat the steps of the one it continues
         saved = read_run_config(out, task_name)["lm"]
         settings = LMSettings(**{**saved, "betas": tuple(saved["betas"])})
-    elif (Path(out) / CONFIG).exists():
+    elif is_main_process() and (Path(out) / CONFIG).exists():  # under torchrun rank 0 writes it
         raise AttnlabError(f"{out} already holds a run; continue it with --resume or choose another --out")
     config = settings.train_config(progress)
     config.validate()  # before anything is written: a bad setting leaves no half-made run

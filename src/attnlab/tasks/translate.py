@@ -15,6 +15,7 @@ the BPE tokenizer(s), and the engine's weights and checkpoint. :func:`load_trans
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -43,9 +44,16 @@ from attnlab.tasks.parallel_data import (
     token_batches,
 )
 from attnlab.training import Batch, TrainConfig, TrainResult, seed_everything
+from attnlab.training.checkpoint import (
+    CONFIG,
+    load_run,
+    model_config,
+    read_run_config,
+    register_model,
+    write_run_config,
+)
 from attnlab.training.checkpoint import build_model as rebuild_model
-from attnlab.training.checkpoint import load_run, model_config, read_run_config, register_model, write_run_config
-from attnlab.training.distributed import Place, shard
+from attnlab.training.distributed import Place, is_main_process, shard
 from attnlab.training.engine import config_dict, run_training
 
 TASK = "translate"
@@ -256,6 +264,30 @@ def build_model(vocab: tuple[int, int], model_kwargs: dict[str, Any], *, share_e
     return model
 
 
+def _resume_differences(run_cfg: dict[str, Any], saved: TranslateSettings, given: TranslateSettings,
+                        model_kwargs: dict[str, Any], config: TrainConfig) -> list[str]:
+    """One line for each setting of a resumed run that differs from how the run started.
+
+    The data, tokenizer and model settings are the run's (what the command line says is ignored); the engine
+    settings are the command line's (a run may be given more steps or time), so a change there is said aloud:
+    a resumed run equals an uninterrupted one only with the same engine settings.
+    """
+    lines = []
+    ignored = {k: v for k, v in asdict(given).items() if k != "tokenizers" and asdict(saved).get(k) != v}
+    ignored |= {k: v for k, v in model_kwargs.items() if run_cfg["model"]["kwargs"].get(k, v) != v}
+    if ignored:
+        kept = {**asdict(saved), **run_cfg["model"]["kwargs"]}
+        lines.append("resume: the run's own data, tokenizer and model settings are used; ignored: "
+                     + ", ".join(f"{k}={v!r} (the run has {kept.get(k)!r})" for k, v in sorted(ignored.items())))
+    started = run_cfg.get("train", {})
+    now = json.loads(json.dumps(config_dict(config)))  # as config.json holds it (tuples become lists)
+    changed = {k: v for k, v in now.items() if k != "progress" and k in started and started[k] != v}
+    if changed:
+        lines.append("resume: continuing with other training settings than before: "
+                     + ", ".join(f"{k} {started[k]!r} -> {v!r}" for k, v in sorted(changed.items())))
+    return lines
+
+
 def train_translation(
     *,
     train: str | Path,
@@ -279,9 +311,14 @@ def train_translation(
     config.validate()  # before anything is written: a bad setting leaves no half-made run
     if resume:
         run_cfg = read_run_config(out, TASK)
-        settings = TranslateSettings.from_dict(run_cfg["settings"])
+        saved = TranslateSettings.from_dict(run_cfg["settings"])
+        for line in _resume_differences(run_cfg, saved, settings, model_kwargs or {}, config):
+            log(line)
+        settings = saved
         model_kwargs = {k: run_cfg["model"]["kwargs"][k] for k in ("max_src_positions", "max_tgt_positions")}
         src_tok, tgt_tok = load_tokenizers(out, settings)
+    elif is_main_process() and (out / CONFIG).exists():  # a new run would overwrite this one's files
+        raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     else:
         model_kwargs = {**RECIPE_MODEL, **(model_kwargs or {})}
         if share_embeddings and not settings.joint_vocab:
@@ -299,6 +336,8 @@ def train_translation(
     seed_everything(config.seed)
     if resume:
         model = rebuild_model(run_cfg["model"])
+        if is_main_process():
+            write_run_config(out, {**run_cfg, "train": config_dict(config)})  # what the run continues with
     else:
         model = build_model((src_tok.vocab_size, tgt_tok.vocab_size), model_kwargs, share_embeddings=share_embeddings,
                             tie_output=tie_output, look_ahead_mask=settings.look_ahead_mask)

@@ -33,6 +33,12 @@ class Place:
         return self.world > 1
 
 
+def is_main_process() -> bool:
+    """Rank 0 under torchrun, or a plain run; known from the environment before the process group exists,
+    so a task can decide who writes the run folder before the engine starts."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def setup(device: str = "auto") -> Place:
     """Join the process group when launched by torchrun; choose the device."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
