@@ -124,10 +124,30 @@ def test_batches_are_seeded_by_epoch_and_shard_across_processes(tmp_path):
         LMTask(data.train[:5], data.val, context=8, batch_size=2)
 
 
-def test_flops_count_matches_nanogpt_for_its_shakespeare_model():
+def test_nanogpt_preset_builds_nanogpts_model_and_counts_its_flops():
     model = build_lm(LM_PRESETS["nanogpt-cpu"], vocab_size=65)
-    # nanoGPT reports 0.80M parameters without the position table (ours adds a few thousand biases);
-    # attention adds 12 * 4 layers * 128 * 64 FLOPs per token.
+    # nanoGPT's model without biases (its default): tied tokens 65 x 128, positions 64 x 128, per layer two
+    # norm scales, W_qkv, W_o and the 4x MLP, and the final norm's scale.
+    per_layer = 2 * 128 + 128 * 3 * 128 + 128 * 128 + 2 * 128 * 512
+    assert model.num_parameters() == 65 * 128 + 64 * 128 + 4 * per_layer + 128 == 804_096
+    assert not [name for name, _ in model.named_parameters() if name.endswith("bias")]
+    # nanoGPT reports 0.80M parameters (the position table left out); attention adds 12 * 4 layers * 128 * 64
+    # FLOPs per token.
     n = model.num_parameters() - 64 * 128
-    assert 0.79e6 < n < 0.82e6
     assert flops_per_token(model, 64) == 6 * n + 12 * 4 * 128 * 64
+    with_bias = build_lm(LM_PRESETS["nanogpt-cpu"].with_overrides(bias=True), vocab_size=65)
+    assert with_bias.num_parameters() - model.num_parameters() == 4 * (2 * 128 + 3 * 128 + 128 + 512 + 128) + 128
+
+
+def test_a_run_saved_before_the_bias_setting_resumes_with_its_biases(tmp_path):
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    tiny = [*TINY[:TINY.index("--steps")], "--steps", "20", *TINY[TINY.index("--steps") + 2:]]
+    killed_at = ["--max-seconds", "1e-9"]  # stops after its first step, with a checkpoint
+    assert invoke("train", "lm", "--text", text, "--out", tmp_path / "run", "--bias", *tiny, *killed_at).exit_code == 0
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["lm"].pop("bias") is True  # what a run of an older attnlab holds: no "bias" key, and biases
+    (tmp_path / "run" / "config.json").write_text(json.dumps(config))
+    result = invoke("train", "lm", "--text", text, "--out", tmp_path / "run", "--resume", "--no-progress")
+    assert result.exit_code == 0, result.output
+

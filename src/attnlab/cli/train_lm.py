@@ -43,6 +43,8 @@ def describe_report(report: LMReport, out: Path) -> list[str]:
 @click.option("--width", type=int, default=None, help="Model width d_model.")
 @click.option("--context", type=int, default=None, help="Context length (position table size).")
 @click.option("--positions", type=click.Choice(["learned", "sinusoidal", "rotary"]), default=None)
+@click.option("--bias/--no-bias", default=None,
+              help="Biases in the linear layers and layer norms. [presets: none, as nanoGPT]")
 @click.option("--dropout", type=float, default=None)
 @click.option("--batch-size", type=int, default=None)
 @click.option("--steps", type=int, default=None, help="Optimizer steps.")

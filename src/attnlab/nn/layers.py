@@ -25,11 +25,11 @@ class FeedForward(nn.Module):
     Shapes: (batch, seq, d_model) -> (batch, seq, d_model), each position independently.
     """
 
-    def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu") -> None:
+    def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu", bias: bool = True) -> None:
         super().__init__()
-        self.up = nn.Linear(d_model, d_ff)
+        self.up = nn.Linear(d_model, d_ff, bias=bias)
         self.activation = {"relu": nn.ReLU(), "gelu": nn.GELU()}[activation]
-        self.down = nn.Linear(d_ff, d_model)
+        self.down = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down(self.activation(self.up(x)))
@@ -38,9 +38,9 @@ class FeedForward(nn.Module):
 class _Residual(nn.Module):
     """Residual connection plus layer norm around one sub-layer, pre- or post-norm."""
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float) -> None:
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float, bias: bool = True) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.norm = nn.LayerNorm(d_model, eps=eps, bias=bias)
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
@@ -63,6 +63,7 @@ class EncoderLayer(nn.Module):
         eps: layer-norm epsilon (1e-6, as in seed 000).
         activation: ``"relu"`` (paper) or ``"gelu"`` (GPT).
         rotary: optional rotary position embedding for the self-attention.
+        bias: biases in the projections and layer norms (the paper, GPT-2); nanoGPT's default has none.
     """
 
     def __init__(
@@ -77,12 +78,14 @@ class EncoderLayer(nn.Module):
         eps: float = 1e-6,
         activation: str = "relu",
         rotary: RotaryEmbedding | None = None,
+        bias: bool = True,
     ) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, num_heads, head_dim=head_dim, dropout=dropout, rotary=rotary)
-        self.attn_block = _Residual(d_model, dropout, norm_first, eps)
-        self.ffn = FeedForward(d_model, d_ff, activation=activation)
-        self.ffn_block = _Residual(d_model, dropout, norm_first, eps)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, head_dim=head_dim, dropout=dropout, bias=bias,
+                                            rotary=rotary)
+        self.attn_block = _Residual(d_model, dropout, norm_first, eps, bias)
+        self.ffn = FeedForward(d_model, d_ff, activation=activation, bias=bias)
+        self.ffn_block = _Residual(d_model, dropout, norm_first, eps, bias)
 
     def forward(
         self,
@@ -127,14 +130,15 @@ class DecoderLayer(nn.Module):
         norm_first: bool = False,
         eps: float = 1e-6,
         activation: str = "relu",
+        bias: bool = True,
     ) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, num_heads, head_dim=head_dim, dropout=dropout)
-        self.self_block = _Residual(d_model, dropout, norm_first, eps)
-        self.cross_attn = MultiHeadAttention(d_model, num_heads, head_dim=head_dim, dropout=dropout)
-        self.cross_block = _Residual(d_model, dropout, norm_first, eps)
-        self.ffn = FeedForward(d_model, d_ff, activation=activation)
-        self.ffn_block = _Residual(d_model, dropout, norm_first, eps)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, head_dim=head_dim, dropout=dropout, bias=bias)
+        self.self_block = _Residual(d_model, dropout, norm_first, eps, bias)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads, head_dim=head_dim, dropout=dropout, bias=bias)
+        self.cross_block = _Residual(d_model, dropout, norm_first, eps, bias)
+        self.ffn = FeedForward(d_model, d_ff, activation=activation, bias=bias)
+        self.ffn_block = _Residual(d_model, dropout, norm_first, eps, bias)
 
     def forward(
         self,

@@ -212,6 +212,8 @@ class DecoderLM(_Model):
         norm_first: pre-norm (default, GPT-2) or post-norm.
         tie_output: share the embedding and output matrices.
         pad_id: if given, keys holding it are masked too (for right-padded batches).
+        bias: biases in the linear layers and layer norms (GPT-2 has them; nanoGPT's default, and its
+            ``nanogpt-cpu`` recipe, has none).
     """
 
     def __init__(
@@ -228,6 +230,7 @@ class DecoderLM(_Model):
         norm_first: bool = True,
         tie_output: bool = True,
         pad_id: int | None = None,
+        bias: bool = True,
     ) -> None:
         super().__init__()
         self.config = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
@@ -235,7 +238,7 @@ class DecoderLM(_Model):
         self.body = Encoder(
             vocab_size, d_model, num_layers, num_heads, d_ff or 4 * d_model, max_positions=max_positions,
             dropout=dropout, norm_first=norm_first, eps=1e-5, activation="gelu", positions=positions,
-            scale_embedding=False,
+            scale_embedding=False, bias=bias,
         )
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         if tie_output:

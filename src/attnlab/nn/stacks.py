@@ -86,8 +86,8 @@ class _Stack(nn.Module):
 
     Args:
         vocab_size, d_model, max_positions, positions, scale_embedding: the embedder's.
-        num_layers, num_heads, d_ff, dropout, head_dim, norm_first, eps, activation: each layer's, as in
-            :class:`~attnlab.nn.layers.EncoderLayer`.
+        num_layers, num_heads, d_ff, dropout, head_dim, norm_first, eps, activation, bias: each layer's, as in
+            :class:`~attnlab.nn.layers.EncoderLayer` (``bias`` also for the final norm).
     """
 
     layer_class: type[EncoderLayer] | type[DecoderLayer]
@@ -108,6 +108,7 @@ class _Stack(nn.Module):
         activation: str = "relu",
         positions: PositionKind = "sinusoidal",
         scale_embedding: bool = True,
+        bias: bool = True,
     ) -> None:
         super().__init__()
         if positions == "rotary" and self.layer_class is not EncoderLayer:
@@ -115,11 +116,12 @@ class _Stack(nn.Module):
         self.embed = Embedder(
             vocab_size, d_model, max_positions=max_positions, positions=positions, scale=scale_embedding, dropout=dropout
         )
-        layer = dict(dropout=dropout, head_dim=head_dim, norm_first=norm_first, eps=eps, activation=activation)
+        layer = dict(dropout=dropout, head_dim=head_dim, norm_first=norm_first, eps=eps, activation=activation,
+                     bias=bias)
         if positions == "rotary":  # rotary positions live inside self-attention, one table shared by the layers
             layer["rotary"] = RotaryEmbedding(head_dim or d_model // num_heads, max_positions)
         self.layers = nn.ModuleList(self.layer_class(d_model, num_heads, d_ff, **layer) for _ in range(num_layers))
-        self.final_norm = nn.LayerNorm(d_model, eps=eps) if norm_first else nn.Identity()
+        self.final_norm = nn.LayerNorm(d_model, eps=eps, bias=bias) if norm_first else nn.Identity()
 
 
 class Encoder(_Stack):
