@@ -12,7 +12,7 @@ from attnlab.errors import AttnlabError
 from attnlab.training.checkpoint import save_checkpoint
 from test_classify_data import write_tickets
 
-# A tiny model and no GloVe: seconds per run. Threads pinned so that runs repeat bit for bit.
+# A tiny model and no GloVe (WordLlama's vectors stay: the default): seconds per run. Threads pinned so that runs repeat bit for bit.
 SMALL = ["--glove", "none", "--glove-words", "0", "--d-model", "32", "--heads", "2", "--d-ff", "64",
          "--batch-size", "16", "--lr", "3e-3", "--threads", "1", "--no-progress", "--max-seconds", "0"]
 
@@ -50,6 +50,16 @@ def test_training_learns_and_writes_the_run_folder(trained):
     assert config["model"]["class"] == "TextClassifier" and config["data"]["valid_rows"] == 30
     result = json.loads((run_dir / "result.json").read_text())
     assert result["accuracy"] == pytest.approx(accuracy, abs=5e-5)
+    assert config["model"]["kwargs"]["vector_dim"] == 256  # WordLlama's vectors, on by default (GloVe is off here)
+
+
+def test_no_wordllama_leaves_the_token_vectors_without_pretrained_ones(tmp_path):
+    train = write_tickets(tmp_path / "train.csv", 120, seed=0)
+    result = run("train", "classify", "--train", train, "--out", tmp_path / "run", "--steps", "2", "--no-wordllama",
+                 *SMALL)
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["model"]["kwargs"]["vector_dim"] == 0 and config["classify"]["wordllama"] is False
 
 
 def test_eval_json_table_and_unseen_labels(trained):

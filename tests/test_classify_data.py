@@ -6,16 +6,25 @@ Also holds :func:`write_tickets`, the small synthetic data set every ``test_clas
 import csv
 import json
 import random
+import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attnlab.data import WordTokenizer, pad_batch
 from attnlab.errors import AttnlabError
 from attnlab.nn import EncoderClassifier
 from attnlab.nn.masks import padding_mask
 from attnlab.tasks.classify import ClassifyTask, encode_texts
-from attnlab.tasks.classify_features import char_ngrams, ngram_table, token_strings
+from attnlab.tasks.classify_features import (
+    Pretrained,
+    char_ngrams,
+    join_tables,
+    ngram_table,
+    token_strings,
+    wordllama_table,
+)
 from attnlab.tasks.classify_models import TextClassifier, logits_with_mask
 from attnlab.tasks.classify_probes import positions_zeroed, shuffle_each
 from attnlab.tasks.tables import check_classes, read_table, split_off
@@ -146,6 +155,31 @@ def _model(**kw):
     if model.wide is not None:
         torch.nn.init.normal_(model.wide.weight)  # a trained wide head, so that it changes the scores
     return model
+
+
+def test_wordllama_vectors_carry_meaning_and_an_empty_token_gets_zeros():
+    strings = ["<card>", "<cards>", "<weather>", "<volcano>", "<refund>", "<reimburse>", "<>"]
+    got = wordllama_table(strings)
+    assert got.table.shape == (7, 256) and got.found == 6 and "wordllama" in got.source
+    assert torch.equal(got.table[6], torch.zeros(256))
+    assert got.table[:6].std().item() == pytest.approx(1.0, abs=1e-3)
+    v = F.normalize(got.table[:6], dim=1)
+    sim = v @ v.T  # the table and the tokenizer belong together: related words are near, others are not
+    assert sim[0, 1] > 0.5 > max(sim[0, 2], sim[0, 3])
+    assert sim[4, 5] > max(sim[4, 2], sim[4, 3], sim[4, 0])
+
+
+def test_join_tables_puts_pretrained_tables_side_by_side():
+    a, b = Pretrained(torch.ones(3, 2), 2, "a"), Pretrained(torch.zeros(3, 4), 3, "b")
+    joined = join_tables(a, None, b)
+    assert joined.table.shape == (3, 6) and joined.source == "a + b" and joined.found == 3
+    assert torch.equal(joined.table[:, :2], a.table) and join_tables(None, None) is None
+
+
+def test_a_missing_wordllama_package_is_one_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wordllama", None)
+    with pytest.raises(AttnlabError, match="need the package wordllama.*--no-wordllama"):
+        wordllama_table(["<card>"])
 
 
 @pytest.mark.parametrize("kw", [{}, {"layer_heads": False}, {"wide": True}, {"wide": True, "layer_heads": False},

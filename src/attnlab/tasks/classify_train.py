@@ -29,7 +29,14 @@ from attnlab.errors import AttnlabError
 from attnlab.files import ensure_writable_dir, write_json_atomic
 from attnlab.nn.models import EncoderClassifier
 from attnlab.tasks.classify import TASK_NAME, ClassifyTask, encode_texts
-from attnlab.tasks.classify_features import common_words, ngram_table, pretrained_table, token_strings
+from attnlab.tasks.classify_features import (
+    common_words,
+    join_tables,
+    ngram_table,
+    pretrained_table,
+    token_strings,
+    wordllama_table,
+)
 from attnlab.tasks.classify_models import TextClassifier
 from attnlab.tasks.tables import Table, check_classes, fingerprint, read_table, split_off
 from attnlab.training import TrainConfig, Trainer, seed_everything
@@ -62,6 +69,8 @@ class ClassifySettings:
             or ``bpe`` (subwords trained on the training texts).
         glove: ``auto`` (the packaged GloVe 6B 50d), ``none`` or a GloVe text file.
         glove_words: most frequent GloVe words added to a word vocabulary (frozen vectors, no trained row).
+        wordllama: also the WordLlama vectors (256d, the ``wordllama`` package) beside GloVe's, frozen and
+            projected like them (``transformer`` and ``bow`` models).
         ngrams: character n-gram vectors in the token vectors.
         ngrams_per_token: n-gram ids kept per token.
         d_model, layers, heads, d_ff, max_positions, dropout, positions, layer_heads, wide: the transformer
@@ -93,6 +102,7 @@ class ClassifySettings:
     bpe_vocab_size: int = 4000
     glove: str = "auto"
     glove_words: int = 30000
+    wordllama: bool = True
     ngrams: bool = True
     ngrams_per_token: int = 16
     d_model: int = 128
@@ -226,7 +236,8 @@ def build_classifier(tokenizer, trained: int, num_classes: int, settings: Classi
         return model
     strings = token_strings(tokenizer)
     ngram_ids, num_ngrams = ngram_table(strings, trained, settings.ngrams_per_token) if settings.ngrams else (None, 0)
-    vectors = pretrained_table(strings, settings.glove)
+    vectors = join_tables(pretrained_table(strings, settings.glove),
+                          wordllama_table(strings) if settings.wordllama else None)
     bow = settings.model == "bow"
     model = TextClassifier(
         vocab, num_classes, settings.d_model, 0 if bow else settings.layers, settings.heads, settings.d_ff,
@@ -240,7 +251,7 @@ def build_classifier(tokenizer, trained: int, num_classes: int, settings: Classi
     model.fit_idf(train_ids)
     parts = [f"{trained} trained word vectors" + (f" (+{vocab - trained} GloVe-only words)" if vocab > trained else "")]
     if vectors is not None:
-        parts.append(f"{vectors.found} GloVe vectors from {vectors.source}")
+        parts.append(f"pretrained vectors for up to {vectors.found} of them from {vectors.source}")
     if num_ngrams:
         parts.append(f"{num_ngrams} character n-grams")
     on_note("token vectors: " + ", ".join(parts))
@@ -359,7 +370,7 @@ def train_classifier(
     saved: dict[str, Any] | None = None
     if resume:
         saved = read_run_config(out, TASK_NAME)
-        settings = ClassifySettings(**saved["classify"])
+        settings = ClassifySettings(**{"wordllama": False, **saved["classify"]})  # older runs had GloVe only
         if saved["data"]["train_sha256"] != fingerprint(train_path):
             raise AttnlabError(f"{train_path} is not the training file this run started with "
                                f"({saved['data']['train']}); resume needs the same data")
