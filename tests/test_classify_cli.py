@@ -143,6 +143,11 @@ def test_bad_training_input_is_one_line_and_exit_2(tmp_path):
     three.write_text("text,a,b\nx,1,2\n", encoding="utf-8")
     assert "['text', 'a', 'b']" in one_error_line(run(*train, "--train", three))
     assert "EMA decay" in one_error_line(run(*train, "--train", good, "--ema", "1.5"))
+    # Values outside an option's range and values that are not numbers: Click's own check, as one line.
+    assert "'--heads': 0 is not in the range x>=1" in one_error_line(run(*train, "--train", good, "--heads", "0"))
+    assert "'--dropout': 1.5 is not in the range" in one_error_line(run(*train, "--train", good, "--dropout", "1.5"))
+    assert "'--epochs': 'abc' is not a valid integer" in one_error_line(run(*train, "--train", good, "--epochs", "abc"))
+    assert "--min-freq 1000" in one_error_line(run(*train, "--train", good, "--min-freq", "1000"))
     assert not (tmp_path / "out").exists()  # nothing was started
 
 
@@ -165,6 +170,8 @@ def test_bad_run_folders_are_one_line_and_exit_2(trained, tmp_path):
     other = write_tickets(tmp_path / "other.csv", 40, seed=9)
     assert "not the training file" in one_error_line(
         run("train", "classify", "--train", other, "--out", out, *SMALL, "--resume"))
+    assert "validated on --valid-fraction 0.1 of the training file" in one_error_line(
+        run("train", "classify", "--train", train, "--valid", data, "--out", out, *SMALL, "--resume"))
 
 
 def _lm_run(tmp_path):

@@ -102,6 +102,14 @@ def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):
                                (empty, run[0], "already holds a run")):
         result = invoke("train", "lm", "--text", path, "--out", out, "--no-progress")
         assert result.exit_code == 2 and result.stderr.count("\n") == 1 and message in result.stderr
+    # A setting the model refuses leaves no folder behind (the tokenizer used to be written first).
+    result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", tmp_path / "w", *TINY, "--width", "31")
+    assert result.exit_code == 2 and "not divisible" in result.stderr and not (tmp_path / "w").exists()
+    # Resuming on another text is named as such, not as an unreadable checkpoint.
+    other = tmp_path / "other.txt"
+    other.write_text(TEXT.upper(), encoding="utf-8")
+    result = invoke("train", "lm", "--text", other, "--out", run[0], "--resume", "--no-progress")
+    assert result.exit_code == 2 and "not the text this run started with" in result.stderr
 
 
 def test_batches_are_seeded_by_epoch_and_shard_across_processes(tmp_path):

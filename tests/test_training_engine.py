@@ -262,6 +262,10 @@ def test_ema_decay_outside_zero_one_is_rejected_before_a_run_folder_is_made(tmp_
 
     with pytest.raises(AttnlabError, match="EMA decay"):
         TrainConfig(ema_decay=1.0).validate()
+    for bad, message in (({"grad_clip": -1.0}, "gradient clip"), ({"min_lr": 1.0, "lr": 0.1}, "final learning rate"),
+                         ({"max_seconds": -1.0}, "time budget"), ({"warmup_steps": -5}, "warmup")):
+        with pytest.raises(AttnlabError, match=message):
+            TrainConfig(**bad).validate()
     text = tmp_path / "t.txt"
     text.write_text("to be or not to be\n" * 50, encoding="utf-8")
     for side, line in (("de", "ein mann"), ("en", "a man")):

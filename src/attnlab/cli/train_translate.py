@@ -22,38 +22,38 @@ _M, _T = RECIPE_MODEL, RECIPE_TRAIN
 @click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Run folder to create (or resume).")
 @click.option("--joint-vocab/--separate-vocab", default=True, show_default=True,
               help="One BPE vocabulary for both languages, or one each.")
-@click.option("--vocab-size", default=TranslateSettings.vocab_size, show_default=True, help="BPE vocabulary size (each).")
+@click.option("--vocab-size", type=click.IntRange(min=1), default=TranslateSettings.vocab_size, show_default=True, help="BPE vocabulary size (each).")
 @click.option("--share-embeddings/--no-share-embeddings", default=True, show_default=True,
               help="One embedding table for source and target (only with --joint-vocab).")
 @click.option("--tie-output/--no-tie-output", default=True, show_default=True,
               help="Output projection reuses the target embedding matrix.")
-@click.option("--d-model", default=_M["d_model"], show_default=True)
-@click.option("--layers", default=_M["num_layers"], show_default=True, help="Encoder and decoder layers each.")
-@click.option("--heads", default=_M["num_heads"], show_default=True)
-@click.option("--d-ff", default=_M["d_ff"], show_default=True)
-@click.option("--dropout", default=_M["dropout"], show_default=True)
-@click.option("--max-positions", default=_M["max_src_positions"], show_default=True,
+@click.option("--d-model", type=click.IntRange(min=1), default=_M["d_model"], show_default=True)
+@click.option("--layers", type=click.IntRange(min=1), default=_M["num_layers"], show_default=True, help="Encoder and decoder layers each.")
+@click.option("--heads", type=click.IntRange(min=1), default=_M["num_heads"], show_default=True)
+@click.option("--d-ff", type=click.IntRange(min=1), default=_M["d_ff"], show_default=True)
+@click.option("--dropout", type=click.FloatRange(0, 1, max_open=True), default=_M["dropout"], show_default=True)
+@click.option("--max-positions", type=click.IntRange(min=1), default=_M["max_src_positions"], show_default=True,
               help="Position table size of each side. Longer sources are truncated (with a warning); training "
                    "pairs with longer targets are left out (with a warning).")
-@click.option("--max-tokens", default=TranslateSettings.max_tokens, show_default=True,
+@click.option("--max-tokens", type=click.IntRange(min=1), default=TranslateSettings.max_tokens, show_default=True,
               help="Padded positions per side in one training batch (length-bucketed).")
-@click.option("--label-smoothing", default=TranslateSettings.label_smoothing, show_default=True)
+@click.option("--label-smoothing", type=click.FloatRange(0, 1, max_open=True), default=TranslateSettings.label_smoothing, show_default=True)
 @click.option("--lr", default=_T["lr"], show_default=True, help="Peak learning rate.")
-@click.option("--warmup", default=_T["warmup_steps"], show_default=True, help="Linear warmup steps.")
+@click.option("--warmup", type=click.IntRange(min=0), default=_T["warmup_steps"], show_default=True, help="Linear warmup steps.")
 @click.option("--schedule", type=click.Choice(["inverse_sqrt", "cosine", "constant"]), default=_T["schedule"],
               show_default=True)
-@click.option("--max-steps", default=_T["max_steps"], show_default=True)
-@click.option("--max-seconds", default=_T["max_seconds"], show_default=True,
+@click.option("--max-steps", type=click.IntRange(min=1), default=_T["max_steps"], show_default=True)
+@click.option("--max-seconds", type=click.FloatRange(min=0), default=_T["max_seconds"], show_default=True,
               help="Time budget (training plus validation); 0 = none.")
 @click.option("--ema", "ema_decay", default=0.0, show_default=True,
               help="Validate and keep a moving average of the weights with this decay per step (0: off).")
-@click.option("--eval-every", default=_T["eval_every"], show_default=True, help="Validate every N steps (and at the end).")
+@click.option("--eval-every", type=click.IntRange(min=0), default=_T["eval_every"], show_default=True, help="Validate every N steps (and at the end).")
 @click.option("--select", type=click.Choice(["bleu", "loss"]), default="bleu", show_default=True,
               help="Keep the weights with the best validation BLEU (greedy) or the lowest validation loss.")
-@click.option("--valid-sentences", default=0, show_default=True, help="Validate on the first N pairs only (0 = all).")
+@click.option("--valid-sentences", type=click.IntRange(min=0), default=0, show_default=True, help="Validate on the first N pairs only (0 = all).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--bf16", is_flag=True, help="bfloat16 autocast (fast only on CPUs and GPUs with bf16 units).")
-@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
+@click.option("--threads", type=click.IntRange(min=0), default=None, help="torch CPU threads (default: torch's choice).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its checkpoint.")
 @click.option("--no-look-ahead-mask", "leak", is_flag=True, hidden=True,
               help="Train without the decoder's look-ahead mask (the teacher-forcing experiment's broken model).")

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.data import BPETokenizer, WordTokenizer, load_tokenizer, word_tokens
+from attnlab.data import UNK_ID, BPETokenizer, WordTokenizer, load_tokenizer, word_tokens
 from attnlab.errors import AttnlabError
 from attnlab.files import ensure_writable_dir, write_json_atomic
 from attnlab.nn.models import EncoderClassifier
@@ -374,6 +374,10 @@ def train_classifier(
         if saved["data"]["train_sha256"] != fingerprint(train_path):
             raise AttnlabError(f"{train_path} is not the training file this run started with "
                                f"({saved['data']['train']}); resume needs the same data")
+        if saved["data"]["valid"] != (None if valid_path is None else str(valid_path)):
+            started = (f"--valid {saved['data']['valid']}" if saved["data"]["valid"] else
+                       f"--valid-fraction {saved['data']['valid_fraction']} of the training file")
+            raise AttnlabError(f"this run was validated on {started}; resume it with the same validation data")
     elif main and (out / CONFIG).exists():  # rank 0 only: under torchrun the others would see rank 0's new config
         raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     settings.check()
@@ -384,6 +388,9 @@ def train_classifier(
         note(line)
     if saved is None:
         tokenizer, trained = build_tokenizer(data.train.texts, settings)
+        if trained <= UNK_ID + 1:  # only <pad> and <unk>: every text would be unknown words
+            raise AttnlabError(f"no word occurs at least --min-freq {settings.min_freq} times in the training texts; "
+                               "lower --min-freq")
     else:
         tokenizer, trained = load_tokenizer(out / TOKENIZER_FILE), saved["trained_tokens"]
     index = {lab: i for i, lab in enumerate(data.labels)}

@@ -43,6 +43,7 @@ from attnlab.tasks.lm import (
     measure_peak_matmul,
     torch_threads,
 )
+from attnlab.tasks.tables import fingerprint
 from attnlab.training import TrainConfig, seed_everything
 from attnlab.training.checkpoint import CONFIG, WEIGHTS, load_weights, model_config, read_run_config, write_run_config
 from attnlab.training.distributed import is_main_process
@@ -225,9 +226,14 @@ def train_language_model(
     """
     started = time.perf_counter()
     if resume:  # the saved settings win: a resumed run must repeat the steps of the one it continues
-        saved = read_run_config(out, task_name)["lm"]
+        run_config = read_run_config(out, task_name)
+        saved = run_config["lm"]
         # (runs saved before ``bias`` was a setting had biases)
         settings = LMSettings(**{"bias": True, **saved, "betas": tuple(saved["betas"])})
+        started_on = run_config.get("data", {}).get("text_sha256")
+        if started_on is not None and data is None and started_on != fingerprint(text):
+            raise AttnlabError(f"{text} is not the text this run started with ({run_config['data']['text']}); "
+                               "resume needs the same text")
     elif is_main_process() and (Path(out) / CONFIG).exists():  # under torchrun rank 0 writes it
         raise AttnlabError(f"{out} already holds a run; continue it with --resume or choose another --out")
     config = settings.train_config(progress)
@@ -238,17 +244,18 @@ def train_language_model(
                                 bpe_vocab_size=settings.bpe_vocab_size)
         if on_data is not None:
             on_data(data)
-        out = ensure_writable_dir(out)
-        data.tokenizer.save(out / TOKENIZER_FILE)
         model = build_lm(settings, data.tokenizer.vocab_size, model_class)
         task = LMTask(data.train, data.val, context=settings.context, batch_size=settings.batch_size,
                       seed=settings.seed, eval_iters=settings.eval_iters, eval_batch_size=settings.eval_batch_size)
+        out = ensure_writable_dir(out)  # only now: a setting the model or the data refuse leaves no folder behind
+        data.tokenizer.save(out / TOKENIZER_FILE)
         write_run_config(out, {
             "task": task_name,
             # A subclass (the leak experiment's) is recorded under its own name: no loader mistakes it for DecoderLM.
             "model": model_config(model),
             "tokenizer": TOKENIZER_FILE,
-            "data": {"text": str(text), "val_fraction": settings.val_fraction, "train_tokens": len(data.train),
+            "data": {"text": str(text), "text_sha256": None if text is None else fingerprint(text),
+                     "val_fraction": settings.val_fraction, "train_tokens": len(data.train),
                      "val_tokens": len(data.val)},
             "lm": asdict(settings),
             "train": config_dict(config),

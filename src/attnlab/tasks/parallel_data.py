@@ -88,7 +88,9 @@ def check_nonempty(lines: Sequence[str], path: str | Path) -> None:
 
 
 def check_aligned(src: Sequence[str], tgt: Sequence[str], src_path: str | Path, tgt_path: str | Path) -> None:
-    """Raise unless both sides have the same number of lines; name the first line only one side has."""
+    """Raise unless both sides have the same number of lines, at least one; name the first line only one side has."""
+    if not src and not tgt:
+        raise AttnlabError(f"{src_path} and {tgt_path} hold no sentences")
     if len(src) != len(tgt):
         shorter = min(len(src), len(tgt))
         raise AttnlabError(

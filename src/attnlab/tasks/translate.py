@@ -129,6 +129,8 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[
     """sacreBLEU's BLEU (cased, 13a tokenization, on detokenized text) and chrF, with their signatures."""
     from sacrebleu.metrics import BLEU, CHRF
 
+    if not references:
+        raise AttnlabError("nothing to score: no sentences")
     if len(hypotheses) != len(references):
         raise AttnlabError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     bleu, chrf = BLEU(), CHRF()
@@ -434,12 +436,15 @@ def cross_attention(translator: Translator, sentence: str, *, layer: int | None 
         raise AttnlabError(f"--layer must be between 1 and {layers}, got {layer}")
     src = torch.tensor(translator.encode_sources([sentence]))
     hyp = translate_ids(model, src.tolist(), decode or DecodeSettings())[0]
+    # A hypothesis stopped by the position table (no <eos>) fills it: feeding it after <bos> would overrun by one.
+    tgt_in = [BOS_ID, *hyp][: model.decoder.embed.max_positions]
+    out_ids = [*hyp, EOS_ID][: len(tgt_in)]
     with torch.inference_mode():
-        _, weights = model(src, torch.tensor([[BOS_ID, *hyp]]), return_attention=True)
+        _, weights = model(src, torch.tensor([tgt_in]), return_attention=True)
     att = weights[f"decoder_layer{layer}_block2_decenc_att"][0]  # (heads, T, S)
     return CrossAttention(
         src_pieces=[translator.src_tokenizer.hf.id_to_token(i) for i in src[0].tolist()],
-        out_pieces=[translator.tgt_tokenizer.hf.id_to_token(i) for i in [*hyp, EOS_ID]],
+        out_pieces=[translator.tgt_tokenizer.hf.id_to_token(i) for i in out_ids],
         weights=att.mean(0), translation=translator.tgt_tokenizer.decode(hyp), layer=layer, layers=layers,
         heads=att.shape[0],
     )

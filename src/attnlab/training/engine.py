@@ -123,6 +123,16 @@ class TrainConfig:
             raise AttnlabError(f"the EMA decay must be in [0, 1) (0 = off), got {self.ema_decay}")
         if not self.lr > 0:
             raise AttnlabError(f"learning rate must be > 0, got {self.lr}")
+        if not 0.0 <= self.min_lr <= self.lr:
+            raise AttnlabError(f"the final learning rate must be between 0 and the peak {self.lr}, got {self.min_lr}")
+        for name, value in (("warmup steps", self.warmup_steps), ("weight decay", self.weight_decay),
+                            ("gradient clip", self.grad_clip), ("evaluation interval", self.eval_every),
+                            ("patience", self.patience), ("checkpoint interval", self.checkpoint_every),
+                            ("time budget (seconds)", self.max_seconds)):
+            if value < 0:  # 0 means "off" for each of them
+                raise AttnlabError(f"{name} must be >= 0, got {value}")
+        if self.log_every < 1:
+            raise AttnlabError(f"log interval must be >= 1, got {self.log_every}")
         Schedule(self.schedule)  # raises on an unknown kind
 
 
