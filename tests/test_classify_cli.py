@@ -170,6 +170,9 @@ def test_bad_run_folders_are_one_line_and_exit_2(trained, tmp_path):
     other = write_tickets(tmp_path / "other.csv", 40, seed=9)
     assert "not the training file" in one_error_line(
         run("train", "classify", "--train", other, "--out", out, *SMALL, "--resume"))
+    resumed = run("train", "classify", "--train", train, "--out", out, *SMALL, "--steps", "7", "--resume")
+    assert resumed.exit_code == 0 and "resume: the run's saved settings are used; ignored: steps=7 (the run has 2)" \
+        in resumed.output
     assert "validated on --valid-fraction 0.1 of the training file" in one_error_line(
         run("train", "classify", "--train", train, "--valid", data, "--out", out, *SMALL, "--resume"))
 

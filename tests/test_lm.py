@@ -105,6 +105,13 @@ def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):
     # A setting the model refuses leaves no folder behind (the tokenizer used to be written first).
     result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", tmp_path / "w", *TINY, "--width", "31")
     assert result.exit_code == 2 and "not divisible" in result.stderr and not (tmp_path / "w").exists()
+    # Settings the run's saved ones overrule are named (the run ends as it was planned).
+    import shutil
+
+    shutil.copytree(run[0], tmp_path / "copy")
+    result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", tmp_path / "copy", "--resume",
+                    "--steps", "40", "--no-progress")
+    assert result.exit_code == 0 and "ignored: steps=40 (the run has 80)" in result.stderr
     # Resuming on another text is named as such, not as an unreadable checkpoint.
     other = tmp_path / "other.txt"
     other.write_text(TEXT.upper(), encoding="utf-8")

@@ -78,6 +78,8 @@ def train_lm(text: Path, out: Path, preset: str, compile_: bool | None, resume: 
         click.echo(f"data: {len(data.train):,} training and {len(data.val):,} validation tokens, "
                    f"{data.tokenizer.kind} vocabulary of {data.tokenizer.vocab_size} | preset {preset}")
 
-    _, report = train_language_model(text, out, settings, progress=progress, resume=resume, on_data=on_data)
+    requested = {k: v for k, v in {"compile": compile_, **overrides}.items() if v is not None}  # given here
+    _, report = train_language_model(text, out, settings, progress=progress, resume=resume, on_data=on_data,
+                                     requested=requested)
     for line in describe_report(report, out):
         click.echo(line)

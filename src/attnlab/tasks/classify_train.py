@@ -45,6 +45,7 @@ from attnlab.training.checkpoint import (
     WEIGHTS,
     build_model,
     has_checkpoint,
+    ignored_on_resume,
     load_weights,
     model_config,
     read_run_config,
@@ -348,6 +349,7 @@ def train_classifier(
     resume: bool = False,
     progress: bool = True,
     on_note: Callable[[str], None] = print,
+    requested: dict[str, Any] | None = None,
 ) -> ClassifyReport:
     """Train a classifier on a labelled table into run folder ``out`` (see the module docstring).
 
@@ -357,6 +359,7 @@ def train_classifier(
         settings: the run's settings (ignored on resume: the saved ones are used).
         valid_path: a validation table; None carves ``settings.valid_fraction`` off the training table.
         resume: continue the run in ``out`` from its last checkpoint.
+        requested: the settings the command line gave; on resume, those the saved ones overrule are named.
         progress: show the engine's progress bar.
         on_note: receives the lines worth showing (data sizes, truncation, token vectors).
 
@@ -371,6 +374,9 @@ def train_classifier(
     if resume:
         saved = read_run_config(out, TASK_NAME)
         settings = ClassifySettings(**{"wordllama": False, **saved["classify"]})  # older runs had GloVe only
+        ignored = ignored_on_resume(requested or {}, asdict(settings))
+        if ignored:
+            note(ignored)
         if saved["data"]["train_sha256"] != fingerprint(train_path):
             raise AttnlabError(f"{train_path} is not the training file this run started with "
                                f"({saved['data']['train']}); resume needs the same data")

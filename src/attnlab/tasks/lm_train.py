@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -45,7 +46,15 @@ from attnlab.tasks.lm import (
 )
 from attnlab.tasks.tables import fingerprint
 from attnlab.training import TrainConfig, seed_everything
-from attnlab.training.checkpoint import CONFIG, WEIGHTS, load_weights, model_config, read_run_config, write_run_config
+from attnlab.training.checkpoint import (
+    CONFIG,
+    WEIGHTS,
+    ignored_on_resume,
+    load_weights,
+    model_config,
+    read_run_config,
+    write_run_config,
+)
 from attnlab.training.distributed import is_main_process
 from attnlab.training.engine import config_dict, run_training
 
@@ -204,6 +213,7 @@ def train_language_model(
     task_name: str = TASK_NAME,
     data: LMData | None = None,
     on_data: Callable[[LMData], None] | None = None,
+    requested: dict[str, Any] | None = None,
     measure_peak: bool = True,
 ) -> tuple[nn.Module, LMReport]:
     """Train a decoder LM on ``text`` into run folder ``out`` and measure it; see the module docstring.
@@ -219,6 +229,7 @@ def train_language_model(
         task_name: the ``task`` recorded in config.json (``attnlab generate`` loads only ``lm`` runs).
         data: already loaded data (to train several models on one split).
         on_data: called once the data is ready (to print its size).
+        requested: the settings the command line gave; on resume, those the saved ones overrule are named.
         measure_peak: time a large float32 matmul after training (about a second, outside the wall time).
 
     Returns:
@@ -230,6 +241,9 @@ def train_language_model(
         saved = run_config["lm"]
         # (runs saved before ``bias`` was a setting had biases)
         settings = LMSettings(**{"bias": True, **saved, "betas": tuple(saved["betas"])})
+        ignored = ignored_on_resume(requested or {}, asdict(settings))
+        if ignored:
+            print(ignored, file=sys.stderr)
         started_on = run_config.get("data", {}).get("text_sha256")
         if started_on is not None and data is None and started_on != fingerprint(text):
             raise AttnlabError(f"{text} is not the text this run started with ({run_config['data']['text']}); "

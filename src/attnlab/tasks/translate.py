@@ -46,6 +46,7 @@ from attnlab.tasks.parallel_data import (
 from attnlab.training import Batch, TrainConfig, TrainResult, seed_everything
 from attnlab.training.checkpoint import (
     CONFIG,
+    ignored_on_resume,
     load_run,
     model_config,
     read_run_config,
@@ -274,13 +275,10 @@ def _resume_differences(run_cfg: dict[str, Any], saved: TranslateSettings, given
     settings are the command line's (a run may be given more steps or time), so a change there is said aloud:
     a resumed run equals an uninterrupted one only with the same engine settings.
     """
-    lines = []
-    ignored = {k: v for k, v in asdict(given).items() if k != "tokenizers" and asdict(saved).get(k) != v}
-    ignored |= {k: v for k, v in model_kwargs.items() if run_cfg["model"]["kwargs"].get(k, v) != v}
-    if ignored:
-        kept = {**asdict(saved), **run_cfg["model"]["kwargs"]}
-        lines.append("resume: the run's own data, tokenizer and model settings are used; ignored: "
-                     + ", ".join(f"{k}={v!r} (the run has {kept.get(k)!r})" for k, v in sorted(ignored.items())))
+    requested = {k: v for k, v in asdict(given).items() if k != "tokenizers"} | model_kwargs
+    ignored = ignored_on_resume(requested, {**asdict(saved), **run_cfg["model"]["kwargs"]},
+                                "data, tokenizer and model settings")
+    lines = [] if ignored is None else [ignored]
     started = run_cfg.get("train", {})
     now = json.loads(json.dumps(config_dict(config)))  # as config.json holds it (tuples become lists)
     changed = {k: v for k, v in now.items() if k != "progress" and k in started and started[k] != v}

@@ -102,6 +102,25 @@ def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> None:
     write_json_atomic(Path(run_dir) / CONFIG, config)
 
 
+def ignored_on_resume(requested: dict[str, Any], saved: dict[str, Any], what: str = "settings") -> str | None:
+    """The line a resumed run prints when the command line asks for settings the run's saved ones overrule.
+
+    Args:
+        requested: the settings the command line gave (only those it gave, where it can tell).
+        saved: the run's settings from ``config.json``.
+        what: how to call them in the line.
+
+    Returns:
+        ``resume: the run's saved settings are used; ignored: lr=0.01 (the run has 0.001), ...`` or None.
+    """
+    requested, saved = json.loads(json.dumps(requested)), json.loads(json.dumps(saved))  # tuples as lists
+    ignored = {k: v for k, v in requested.items() if k in saved and saved[k] != v}
+    if not ignored:
+        return None
+    return (f"resume: the run's saved {what} are used; ignored: "
+            + ", ".join(f"{k}={v!r} (the run has {saved[k]!r})" for k, v in sorted(ignored.items())))
+
+
 def read_run_config(run_dir: str | Path, task: str | None = None) -> dict[str, Any]:
     """Read ``RUN/config.json``; check that the folder is a run of ``task`` when given."""
     run_dir = Path(run_dir)
