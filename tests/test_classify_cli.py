@@ -119,6 +119,9 @@ def test_bow_and_bpe_variants_train(tmp_path):
         assert run("predict", out, "where is the courier").exit_code == 0
     probe = json.loads(run("probe", "order", tmp_path / "bow", "--data", train, "--json").output)
     assert probe["positions"] == "none" and probe["in_order"] == probe["shuffled"]
+    padding = run("probe", "padding", tmp_path / "bow", "--data", train).output
+    assert padding.startswith("note: this model has no attention layers") and "identical" in padding
+    assert "no attention layers" not in run("probe", "padding", tmp_path / "bpe", "--data", train).output
 
 
 def one_error_line(result):

@@ -127,6 +127,14 @@ def test_attention_of_a_translation_that_fills_the_position_table(toy, monkeypat
     assert "<eos>" not in att.out_pieces
 
 
+def test_shared_embeddings_asked_for_with_separate_vocabularies_is_one_line(toy, tmp_path):
+    result = CliRunner().invoke(cli, ["train", "translate", "--train", str(toy["root"] / "train"), "--valid",
+                                      str(toy["root"] / "valid"), "--src", "xx", "--tgt", "yy", "--out",
+                                      str(tmp_path / "r"), "--separate-vocab", "--share-embeddings"])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "needs the joint vocabulary" in result.stderr
+    assert not (tmp_path / "r").exists()
+
+
 def test_eval_of_empty_files_is_one_line(toy, tmp_path):
     (tmp_path / "z.xx").write_text("", encoding="utf-8")
     (tmp_path / "z.yy").write_text("", encoding="utf-8")

@@ -72,6 +72,9 @@ def probe_padding(run: Path, data: Path, text_column: str | None, label_column: 
     if as_json:
         click.echo(json.dumps(result.as_dict()))
         return
+    if not len(clf.model.encoder.layers):
+        click.echo("note: this model has no attention layers (the bag of words): no mask reaches its scores, "
+                   "so every line below should read the same")
     ex = result.example
     click.echo(f"shortest text ({ex.label}, {ex.tokens} tokens, {ex.padding} padding next to the longest "
                f"of {result.longest}): {ex.text}")

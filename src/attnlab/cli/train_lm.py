@@ -76,7 +76,7 @@ def train_lm(text: Path, out: Path, preset: str, compile_: bool | None, resume: 
 
     def on_data(data: LMData) -> None:
         click.echo(f"data: {len(data.train):,} training and {len(data.val):,} validation tokens, "
-                   f"{data.tokenizer.kind} vocabulary of {data.tokenizer.vocab_size} | preset {preset}")
+                   f"{data.tokenizer.kind} vocabulary of {data.tokenizer.vocab_size} ids (padding included) | preset {preset}")
 
     requested = {k: v for k, v in {"compile": compile_, **overrides}.items() if v is not None}  # given here
     _, report = train_language_model(text, out, settings, progress=progress, resume=resume, on_data=on_data,

@@ -71,6 +71,11 @@ def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint
     """
     import torch
 
+    from attnlab.errors import AttnlabError
+
+    explicit = click.get_current_context().get_parameter_source("share_embeddings")
+    if share_embeddings and not joint_vocab and explicit == click.core.ParameterSource.COMMANDLINE:
+        raise AttnlabError("--share-embeddings needs the joint vocabulary; drop --separate-vocab or the sharing")
     if threads:
         torch.set_num_threads(threads)
     settings = TranslateSettings(src=src, tgt=tgt, joint_vocab=joint_vocab, vocab_size=vocab_size,
