@@ -44,7 +44,7 @@ class _MainGroup(LazyGroup):
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
         except click.ClickException as err:
-            if type(err).__name__ == "NoArgsIsHelpError":  # a bare group: its help is the answer (Click 8.2+)
+            if isinstance(err, getattr(click.exceptions, "NoArgsIsHelpError", ())):  # a bare group (Click 8.2+)
                 err.show()
                 sys.exit(err.exit_code)
             ctx = getattr(err, "ctx", None)

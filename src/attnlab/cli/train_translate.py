@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli.translate import report_warnings
+from attnlab.errors import AttnlabError
 from attnlab.tasks.translate import RECIPE_MODEL, RECIPE_TRAIN, TranslateSettings, train_translation
 from attnlab.training import TrainConfig
 
@@ -70,8 +71,6 @@ def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint
     validation: teacher-forced loss and greedy BLEU (sacreBLEU) on --valid.
     """
     import torch
-
-    from attnlab.errors import AttnlabError
 
     explicit = click.get_current_context().get_parameter_source("share_embeddings")
     if share_embeddings and not joint_vocab and explicit == click.core.ParameterSource.COMMANDLINE:

@@ -140,8 +140,8 @@ def wordllama_table(strings: Sequence[str]) -> Pretrained:
         table[i] = embedding[pieces[i].ids].mean(0)
     if hits:
         table /= table[hits].std()
-    version = getattr(wordllama, "__version__", "")
-    return Pretrained(torch.from_numpy(table), len(hits), f"wordllama {version} (l2_supercat, 256d)".replace("  ", " "))
+    version = getattr(wordllama, "__version__", "?")
+    return Pretrained(torch.from_numpy(table), len(hits), f"wordllama {version} (l2_supercat, 256d)")
 
 
 def join_tables(*tables: Pretrained | None) -> Pretrained | None:

@@ -381,9 +381,9 @@ def train_classifier(
             raise AttnlabError(f"{train_path} is not the training file this run started with "
                                f"({saved['data']['train']}); resume needs the same data")
         if saved["data"]["valid"] != (None if valid_path is None else str(valid_path)):
-            started = (f"--valid {saved['data']['valid']}" if saved["data"]["valid"] else
-                       f"--valid-fraction {saved['data']['valid_fraction']} of the training file")
-            raise AttnlabError(f"this run was validated on {started}; resume it with the same validation data")
+            validated = (f"--valid {saved['data']['valid']}" if saved["data"]["valid"] else
+                         f"--valid-fraction {saved['data']['valid_fraction']} of the training file")
+            raise AttnlabError(f"this run was validated on {validated}; resume it with the same validation data")
     elif main and (out / CONFIG).exists():  # rank 0 only: under torchrun the others would see rank 0's new config
         raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     settings.check()

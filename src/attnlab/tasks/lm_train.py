@@ -242,7 +242,7 @@ def train_language_model(
         # (runs saved before ``bias`` was a setting had biases)
         settings = LMSettings(**{"bias": True, **saved, "betas": tuple(saved["betas"])})
         ignored = ignored_on_resume(requested or {}, asdict(settings))
-        if ignored:
+        if ignored and is_main_process():
             print(ignored, file=sys.stderr)
         started_on = run_config.get("data", {}).get("text_sha256")
         if started_on is not None and data is None and started_on != fingerprint(text):
@@ -268,7 +268,7 @@ def train_language_model(
             # A subclass (the leak experiment's) is recorded under its own name: no loader mistakes it for DecoderLM.
             "model": model_config(model),
             "tokenizer": TOKENIZER_FILE,
-            "data": {"text": str(text), "text_sha256": None if text is None else fingerprint(text),
+            "data": {"text": str(text), "text_sha256": fingerprint(text),
                      "val_fraction": settings.val_fraction, "train_tokens": len(data.train),
                      "val_tokens": len(data.val)},
             "lm": asdict(settings),
