@@ -16,7 +16,8 @@
 #
 # Environment: DATA (folder with train/val/test_2016_flickr .de/.en[.gz], default ../shared/data/multi30k),
 # RUN (run folder, default runs/multi30k), MAX_SECONDS (default 3600), THREADS (default 2), BIN (default .venv/bin).
-# Prints one JSON line per step and leaves everything in RUN (config, weights, metrics, hypotheses, scores).
+# Leaves everything in RUN: config, weights, metrics, result.json (steps, time, best validation scores), test
+# hypotheses and their scores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA=${DATA:-../shared/data/multi30k}
@@ -27,8 +28,7 @@ BIN=${BIN:-.venv/bin}
 RECIPE=(--vocab-size 8000 --max-tokens 2000 --schedule cosine --warmup 300 --max-steps 1900)
 
 "$BIN/attnlab" train translate --train "$DATA/train" --valid "$DATA/val" --src de --tgt en --out "$RUN" \
-  --max-seconds "$MAX_SECONDS" --threads "$THREADS" --no-progress "${RECIPE[@]}" "$@" | tee "$RUN.train.json"
-mv "$RUN.train.json" "$RUN/train.json"
+  --max-seconds "$MAX_SECONDS" --threads "$THREADS" --no-progress "${RECIPE[@]}" "$@"
 
 for beam in 1 4; do
   "$BIN/attnlab" eval translate "$RUN" --src-file "$DATA/test_2016_flickr.de.gz" \

@@ -119,6 +119,24 @@ def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):
     assert result.exit_code == 2 and "not the text this run started with" in result.stderr
 
 
+def test_bpe_tokenizer_trains_generates_and_refuses_a_vocabulary_smaller_than_the_alphabet(tmp_path):
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    small = invoke("train", "lm", "--text", text, "--out", tmp_path / "small", *TINY, "--tokenizer", "bpe",
+                   "--bpe-vocab-size", "20")
+    assert small.exit_code == 2 and small.stderr.count("\n") == 1 and "ask for at least" in small.stderr
+    assert not (tmp_path / "small").exists()
+    result = invoke("train", "lm", "--text", text, "--out", tmp_path / "bpe", *TINY, "--tokenizer", "bpe",
+                    "--bpe-vocab-size", "60")
+    assert result.exit_code == 0, result.output
+    assert "bpe vocabulary of 60 ids" in result.stdout
+    report = json.loads((tmp_path / "bpe" / "result.json").read_text())
+    assert report["val_loss"] < 1.0  # subwords of one repeated sentence: far below ln(60) = 4.1 nats
+    greedy = invoke("generate", tmp_path / "bpe", "--prompt", "the quick", "--max-new-tokens", 12, "--greedy")
+    assert greedy.exit_code == 0, greedy.output
+    assert greedy.stdout.startswith("the quick brown fox jumps")  # subwords decode back to the text's spacing
+
+
 def test_batches_are_seeded_by_epoch_and_shard_across_processes(tmp_path):
     path = tmp_path / "t.txt"
     path.write_text(TEXT)

@@ -62,8 +62,10 @@ def toy(tmp_path_factory):
 
 
 def test_training_reaches_exact_match_decoding_on_held_out_sentences(toy):
-    summary = json.loads(toy["train_output"].strip().splitlines()[-1])
+    summary = json.loads((toy["run"] / "result.json").read_text())
     assert summary["steps"] == 300 and summary["best"]["bleu"] > 90
+    last = toy["train_output"].strip().splitlines()[-1]  # the same figures, said in one line
+    assert last.startswith("300 steps in ") and f"validation BLEU {summary['best']['bleu']:.2f}" in last
     src, ref = toy["test"]
     out = toy["root"] / "test.hyp"
     run_cli("translate", toy["run"], "--input", toy["root"] / "test.xx", "--output", out, "--beam", "1", "--no-progress")
@@ -215,7 +217,8 @@ def test_resume_continues_a_run_from_its_checkpoint(toy, tmp_path):
     result = run_cli("train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src",
                      "xx", "--tgt", "yy", "--out", run, "--resume", "--max-steps", "305", "--eval-every", "150",
                      *SMALL)
-    assert json.loads(result.stdout.strip().splitlines()[-1])["steps"] == 305
+    assert result.stdout.strip().splitlines()[-1].startswith("305 steps in ")
+    assert json.loads((run / "result.json").read_text())["steps"] == 305
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]  # none twice
     assert steps[-1] == 305 and steps == sorted(steps)
     # More steps than the run started with is allowed, but said aloud, and config.json records what was used.

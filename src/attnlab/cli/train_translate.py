@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -89,5 +88,8 @@ def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint
         result = train_translation(train=train, valid=valid, out=out, settings=settings, model_kwargs=model_kwargs,
                                    share_embeddings=share_embeddings and joint_vocab, tie_output=tie_output,
                                    train_config=config, resume=resume, log=lambda m: click.echo(m, err=True))
-    click.echo(json.dumps({"run": str(out), "steps": result.steps, "seconds": round(result.elapsed, 1),
-                           "tokens_per_second": round(result.tokens_per_second), "best": result.best}))
+    best = result.best
+    chosen = (f"best at step {best['step']}: validation BLEU {best['bleu']:.2f}, chrF {best['chrf']:.1f}, "
+              f"loss {best['loss']:.3f}" if best else "no validation ran")
+    click.echo(f"run folder: {out} (model.safetensors, config.json, tokenizers, metrics.jsonl, loss.png, result.json)")
+    click.echo(f"{result.steps} steps in {result.elapsed:.1f} s ({result.tokens_per_second:,.0f} target tokens/s) | {chosen}")

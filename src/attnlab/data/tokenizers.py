@@ -153,6 +153,13 @@ class BPETokenizer:
             show_progress=False,
         )
         tok.train_from_iterator(texts, trainer=trainer)
+        if tok.get_vocab_size() > vocab_size:
+            # The trainer keeps every character it saw whatever the size asked for, so a smaller request would
+            # silently come back larger (and without a single merge).
+            need = tok.get_vocab_size()
+            raise AttnlabError(
+                f"a BPE vocabulary of {vocab_size} ids cannot hold the {need} it starts from (the training text's "
+                f"{need - 4} distinct symbols, a word start marked as one, and 4 special tokens); ask for at least {need}")
         return cls(tok)
 
     @property

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from attnlab.data import BOS_ID, EOS_ID, PAD_ID, BPETokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
+from attnlab.files import write_json_atomic
 from attnlab.nn import Transformer, padding_mask
 from attnlab.nn.attention import KVCache
 from attnlab.tasks.decoding import DecodeSettings, translate_ids
@@ -58,6 +59,7 @@ from attnlab.training.distributed import Place, is_main_process, shard
 from attnlab.training.engine import config_dict, run_training
 
 TASK = "translate"
+RESULT = "result.json"  # the finished run's summary (steps, time, throughput, best validation scores)
 
 #: The benchmark recipe (bench/multi30k.sh), also the defaults of ``attnlab train translate``.
 RECIPE_MODEL: dict[str, Any] = dict(
@@ -348,7 +350,12 @@ def train_translation(
     task = TranslationTask(train_pairs, valid_pairs, valid_sources, valid_ref, tgt_tok, settings, seed=config.seed)
     log(f"{len(train_pairs)} training pairs, {len(valid_pairs)} validation pairs; model {type(model).__name__} "
         f"with {model.num_parameters():,} parameters")
-    return run_training(model, task, config, out, resume=resume)
+    result = run_training(model, task, config, out, resume=resume)
+    if is_main_process():
+        write_json_atomic(out / RESULT, {"steps": result.steps, "seconds": round(result.elapsed, 1),
+                                         "tokens_per_second": round(result.tokens_per_second), "best": result.best,
+                                         "final_loss": result.final_loss, "stopped_early": result.stopped_early})
+    return result
 
 
 # --------------------------------------------------------------------------------------------------
