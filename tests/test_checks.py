@@ -4,7 +4,9 @@ The planted-bug suite is in ``test_checks_mutants.py``."""
 
 import json
 import math
+import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,9 +28,10 @@ from attnlab.checks import (
     output_tensor,
     run_checks,
 )
-from attnlab.checks.calling import ModelUnderTest
-from attnlab.checks.compare import difference
+from attnlab.checks.calling import ModelUnderTest, OutputError
+from attnlab.checks.compare import NOT_FINITE, Tally, difference
 from attnlab.checks.inputs import generator, other_tokens, pad_rows, random_tokens, reordering
+from attnlab.checks.runner import CHECKS
 from attnlab.cli.main import cli
 from attnlab.errors import AttnlabError
 from attnlab.nn import DecoderLM, EncoderClassifier, Transformer
@@ -67,10 +70,17 @@ def test_pooled_output_is_told_apart_from_per_position_even_when_its_size_equals
     assert not pooled.per_position and per_position.per_position
 
 
-def test_a_wrong_batch_axis_is_an_error_of_the_model():
+def test_a_wrong_batch_axis_is_an_output_error_not_an_exception_of_the_model():
     mut = ModelUnderTest(lambda ids: torch.zeros(1, 4), Contract("encoder"))
-    with pytest.raises(TypeError, match="batch has 3 rows"):
+    with pytest.raises(OutputError, match="batch has 3 rows"):
         mut(torch.ones(3, 4, dtype=torch.long))
+
+
+def test_the_input_is_described_by_shape_and_row_lengths_per_side():
+    mut = ModelUnderTest(lambda src, tgt: tgt.float(), Contract("seq2seq"))
+    mut(torch.tensor([[5, 0, 0], [5, 6, 7]]), torch.tensor([[1, 2], [3, 4]]))
+    assert mut.input_summary() == ("source of shape (2, 3) with row lengths 1, 3; "
+                                   "target of shape (2, 2) with row lengths 2")
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -111,6 +121,16 @@ def test_difference_is_relative_and_nan_agrees_only_with_nan():
     diff = difference(nan, one)
     assert not diff.same and math.isinf(diff.max_diff) and diff.positions == [[0]]
     assert "NaN or infinite" in str(diff)
+    assert difference(one, one.clone()).finite and not difference(nan, nan.clone()).finite
+
+
+def test_a_tally_leaves_out_comparisons_of_non_finite_outputs():
+    nan, one = torch.tensor([float("nan"), 1.0]), torch.tensor([1.0, 1.0])
+    tally = Tally()
+    assert not tally.judge(difference(nan, nan.clone(), position_dims=0))  # NaN agreeing with NaN proves nothing
+    assert tally.judge(difference(one, one + 0.5, position_dims=0))
+    assert (tally.judged, tally.left_out, tally.worst) == (1, 1, 0.5)
+    assert tally.note == "; 1 comparison(s) with non-finite outputs left out"
 
 
 # --- the runner: modes, exceptions, evidence ------------------------------------------------------
@@ -140,6 +160,73 @@ def test_an_exception_inside_the_contract_is_a_failed_check_not_a_crash():
     assert finite.failed and finite.summary.startswith("the model raised ValueError: no more than 5 tokens")
     assert "(second line)" in finite.evidence["exception"] and len(finite.evidence["input"]["ids"][0]) > 5
     assert finite.evidence["seed"] == 0
+
+
+def test_an_exception_names_the_input_that_raised_it():
+    positions = nn.Embedding(16, 4)  # a model built for 16 positions, checked with --max-length 100
+
+    def overruns(ids):
+        return positions(torch.arange(ids.shape[1]))[None].expand(ids.shape[0], -1, -1)
+
+    finite = run_checks(overruns, Contract("encoder", max_length=100), seeds=1, only=["finite-outputs"]).results[0]
+    assert finite.summary == ("the model raised IndexError: index out of range in self "
+                              "(seed 0; ids of shape (2, 100) with row lengths 100)")
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    (lambda ids: torch.zeros(3, 7), r"the output has shape \(3, 7\), but the batch has \d rows? \(seed 0; ids of"),
+    (lambda ids: "logits", "the model returned str; expected a tensor"),
+    # (batch, seq, seq): the last axis follows the width, so a row alone and padded cannot be compared
+    (lambda ids: (ids + torch.arange(ids.shape[1])).float()[..., None].expand(-1, -1, ids.shape[1]),
+     "one row's outputs have shapes"),
+])
+def test_an_output_the_checks_cannot_use_is_reported_as_such_not_as_a_model_exception(model, message):
+    report = run_checks(model, Contract("encoder"), seeds=1)
+    assert report.result("padding-invariance").failed  # compares a row alone with it padded: every case fails it
+    for result in (r for r in report.results if r.failed):
+        assert re.match(message, result.summary), result.summary
+        assert "the model raised" not in result.summary and "exception" not in result.evidence
+        assert "output_error" in result.evidence and result.evidence["input"]
+
+
+def test_a_type_error_the_model_raises_is_still_the_model_s():
+    def raises_type_error(ids):
+        raise TypeError("forward() missing 1 required positional argument: 'mask'")
+
+    result = run_checks(raises_type_error, Contract("encoder"), seeds=1, only=["finite-outputs"]).results[0]
+    assert result.summary.startswith("the model raised TypeError: forward() missing 1 required")
+    assert "output_error" not in result.evidence
+
+
+def test_a_model_that_calls_sys_exit_is_a_failed_check_not_the_end_of_the_run():
+    def exits(ids):
+        sys.exit(3)
+
+    report = run_checks(exits, Contract("encoder"), seeds=1)
+    assert report.result("finite-outputs").summary.startswith("the model raised SystemExit: 3 (seed 0;")
+    assert report.failed and len(report.results) == 7
+
+
+def test_trouble_in_the_check_itself_is_not_blamed_on_the_model(monkeypatch):
+    def broken_check(mut, seeds):
+        raise ValueError("an attnlab bug")
+
+    monkeypatch.setitem(CHECKS, "causal", broken_check)
+    result = run_checks(Tiny(causal=True), Contract("decoder"), seeds=1, only=["causal"]).results[0]
+    assert result.failed and result.summary == "the check stopped on ValueError: an attnlab bug"
+    assert "exception" not in result.evidence
+
+
+def test_outputs_that_are_all_nan_skip_every_comparison_and_fail_the_finite_check():
+    def all_nan(ids):
+        return torch.full((*ids.shape, 3), float("nan"))
+
+    report = run_checks(all_nan, Contract("decoder"), seeds=2)
+    assert report.result("finite-outputs").failed and report.failed
+    for name in ("causal", "padding-invariance", "padding-content", "batch-independence", "order-sensitivity",
+                 "mode"):
+        result = report.result(name)
+        assert result.status == "skip" and result.summary == NOT_FINITE, (name, result.summary)
 
 
 def test_evidence_names_a_seed_that_reproduces_the_failure():
@@ -299,7 +386,7 @@ def test_cli_prints_a_table_with_evidence():
     assert result.exit_code == 1
     out = " ".join(result.stdout.split())
     assert "causal" in out and "FAIL" in out and "changing tokens after position 0" in out
-    assert "checks:" in out and "failed" in out
+    assert "checks:" in out and "failed" in out and "1 seed)" in out
 
 
 def test_cli_reads_a_package_module_spec(tmp_path, monkeypatch):
@@ -319,8 +406,15 @@ def test_cli_reads_a_package_module_spec(tmp_path, monkeypatch):
     ("def factory():\n    raise RuntimeError('no weights')\n", "{file}:factory",
      "factory .* raised RuntimeError: no weights"),
     ("import not_a_module_anywhere\n", "{file}:factory", "importing .* failed: ModuleNotFoundError"),
-    ("def factory():\n    return 3\n", "{file}:factory", "returned a int, which cannot be called"),
-    (None, "no_such_package.models:factory", "no such module: no_such_package.models"),
+    ("def factory():\n    return 3\n", "{file}:factory", "returned an int, which cannot be called"),
+    ("def factory():\n    return None\n", "{file}:factory", "returned None, which cannot be called"),
+    ("x = 1\n", "{file}:x", "is an int, not a factory function"),
+    ("import sys\nsys.exit(3)\n", "{file}:factory", "importing .* failed: SystemExit: 3$"),
+    ("import sys\nsys.exit()\n", "{file}:factory", "importing .* failed: SystemExit$"),
+    ("def factory():\n    raise SystemExit('no GPU here')\n", "{file}:factory", "factory .* raised SystemExit: no GPU"),
+    ("import warnings\ndef factory():\n    warnings.warn('old')\n    raise RuntimeError('no weights')\n",
+     "{file}:factory", "factory .* raised RuntimeError: no weights"),  # and no warning line after the error
+    (None, "no_such_package.models:factory", "no such module: no_such_package.models .*path/to/file.py:factory"),
     (None, "no_colon_here", "SPEC must be"),
 ])
 def test_cli_bad_spec_is_one_error_line_and_exit_2(tmp_path, source, spec, message):
@@ -334,9 +428,73 @@ def test_cli_bad_spec_is_one_error_line_and_exit_2(tmp_path, source, spec, messa
     assert re.search(message, lines[0]), lines[0]
 
 
+def test_a_factory_interrupted_by_ctrl_c_is_not_reported_as_an_error(tmp_path):
+    (tmp_path / "f.py").write_text("def factory():\n    raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):
+        load_model(f"{tmp_path / 'f.py'}:factory")
+
+
+def test_cli_finds_a_module_in_the_current_directory(tmp_path, monkeypatch):
+    (tmp_path / "cwd_models.py").write_text(
+        "from attnlab.nn import DecoderLM\n"
+        "def lm():\n    return DecoderLM(32, 16, 1, 2, max_positions=16, dropout=0.1)\n")
+    (tmp_path / "cwd_exits.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.chdir(tmp_path)
+    # The test runner puts its own folder on the path; a console script does not, so neither may this test.
+    here = {"", os.getcwd(), str(tmp_path)}
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in here])
+    for name in ("cwd_models", "cwd_exits"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    result = invoke("cwd_models:lm", "--kind", "decoder", "--seeds", 1, "--pad-id", "none", "--json")
+    assert result.exit_code == 0, result.output
+    result = invoke("cwd_exits:factory", "--kind", "decoder")
+    assert result.exit_code == 2 and result.stderr == "error: importing cwd_exits failed: SystemExit: 3\n"
+
+
+def test_cli_collects_warnings_and_prints_each_once_after_the_report(tmp_path):
+    (tmp_path / "noisy.py").write_text(
+        "import warnings\n"
+        "import torch\n"
+        "warnings.filterwarnings('ignore', message='quiet')  # the user's own filter still holds\n"
+        "def model(ids):\n"
+        "    warnings.warn('slow path taken')\n"
+        "    warnings.warn('quiet please')\n"
+        "    return torch.nn.functional.one_hot(ids, 32).float()\n"
+        "def factory():\n"
+        "    warnings.warn('factory is old', DeprecationWarning)\n"
+        "    return model\n")
+    result = invoke(f"{tmp_path / 'noisy.py'}:factory", "--kind", "decoder", "--seeds", 2, "--json")
+    json.loads(result.stdout)  # stdout is the report alone
+    assert result.stderr.splitlines() == ["warning: DeprecationWarning: factory is old",
+                                          "warning: UserWarning: slow path taken"]
+
+
 def test_cli_rejects_a_bad_pad_id():
     result = invoke(f"{TORCH_EXAMPLES}:torch_encoder", "--kind", "encoder", "--pad-id", "zero")
     assert result.exit_code == 2 and "not an integer or 'none'" in result.output
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--vocab-size", 0, "Invalid value for '--vocab-size': 0 is not in the range x>=4."),
+    ("--max-length", 2, "Invalid value for '--max-length': 2 is not in the range x>=3."),
+    ("--pad-id", 40, "Invalid value for '--pad-id': 40 is outside the vocabulary 0..31 (--vocab-size 32)"),
+])
+def test_cli_option_out_of_range_is_one_error_line_naming_the_option(option, value, message):
+    result = invoke(f"{TORCH_EXAMPLES}:torch_encoder", "--kind", "encoder", option, value)
+    assert result.exit_code == 2
+    assert result.stderr.endswith(" check --help')\n") and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"error: {message} (see '")
+
+
+def test_cli_exits_1_when_outputs_are_nan_though_the_comparisons_skip(tmp_path):
+    (tmp_path / "nan.py").write_text("import torch\n"
+                                     "def factory():\n    return lambda ids: torch.full(ids.shape, float('nan'))\n")
+    result = invoke(f"{tmp_path / 'nan.py'}:factory", "--kind", "encoder", "--seeds", 1, "--json")
+    assert result.exit_code == 1
+    statuses = {c["name"]: c["status"] for c in json.loads(result.stdout)["checks"]}
+    assert statuses == {"causal": "skip", "padding-invariance": "skip", "padding-content": "skip",
+                        "batch-independence": "skip", "order-sensitivity": "skip", "finite-outputs": "fail",
+                        "mode": "skip"}
 
 
 def test_plain_callables_are_checked_without_switching_modes():

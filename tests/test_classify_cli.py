@@ -88,10 +88,13 @@ def test_predict_arguments_and_stdin(trained):
     assert [r["label"] for r in rows] == ["delivery", "account"]
     top = [t["probability"] for t in rows[0]["top"]]
     assert len(top) == 3 and top[0] == rows[0]["probability"] and top == sorted(top, reverse=True) and sum(top) <= 1
-    piped = run("predict", root / "run", input="refund my money please\n\ncharged twice on my card\n")
+    piped = run("predict", root / "run", input="refund my money please\ncharged twice on my card\n")
     lines = piped.output.strip().splitlines()
     assert len(lines) == 2 and lines[0].split("\t")[0] == "refund" and lines[1].split("\t")[0] == "payment"
     assert lines[0].split("\t")[-1] == "refund my money please"
+    # An empty line is refused, not skipped: skipping would pair every later output line with the wrong input.
+    gap = run("predict", root / "run", input="refund my money please\n\ncharged twice on my card\n")
+    assert gap.exit_code == 2 and gap.stdout == "" and "line 2 of 3 is empty" in gap.stderr
 
 
 def test_probes_order_and_padding(trained):
@@ -108,6 +111,11 @@ def test_probes_order_and_padding(trained):
     assert padding["example"]["padding"] == padding["longest"] - padding["example"]["tokens"] > 0
     text = run("probe", "padding", root / "run", "--data", test).output
     assert "padded, without mask:" in text and "accuracy with the mask inverted" in text
+    assert "nothing gets padded" not in text
+    same = root / "same-length.csv"  # three-word texts only: the probe has nothing to pad
+    same.write_text("text,label\nwhere is parcel,delivery\nforgot my password,account\nrefund my money,refund\n")
+    vacuous = run("probe", "padding", root / "run", "--data", same)
+    assert vacuous.exit_code == 0 and vacuous.output.startswith("note: every text is 3 tokens long, so nothing gets")
 
 
 def test_bow_and_bpe_variants_train(tmp_path):

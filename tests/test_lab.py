@@ -225,6 +225,7 @@ def test_missing_glove_file(tmp_path):
     ("king 0.1 0.2 0.3\nqueen 0.1 zero 0.3\n", "not all numbers"),
     ("king some words\nqueen more words\n", "not all numbers"),
     ("lonely\n", "no numbers"),
+    ("First Citizen:\nBefore we proceed any further, hear me speak.\n", "bad.txt:1: the values for 'First' are not"),
     ("", "no word vectors"),
 ])
 def test_malformed_glove_file(tmp_path, content, fragment):
@@ -255,7 +256,8 @@ def test_width_other_than_requested(tmp_path, glove_file):
 def test_unwritable_output_folder(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    assert_one_line_error(run_cli("--out", str(blocker / "report")), "cannot write the report", "a-file")
+    assert_one_line_error(run_cli("--out", str(blocker / "report")), "cannot write the report",
+                          f"{blocker} is a file, not a folder")
     assert_one_line_error(run_cli("--out", str(blocker)), "exists and is not a folder")
     assert blocker.read_text() == "not a folder"
     assert_no_report(tmp_path)
@@ -325,3 +327,21 @@ def test_width_from_name():
     assert width_from_name("glove.6B.100d.txt") == 100
     assert width_from_name("/x/glove.twitter.27B.25d.txt") == 25
     assert width_from_name("vectors.txt") is None
+
+
+def test_a_terminated_run_removes_its_staging_folder(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "attnlab.cli.main", "lab", "--out", str(tmp_path / "r")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not [p for p in tmp_path.iterdir() if ".partial-" in p.name] and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)  # as `kill` or a job scheduler would
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and err.strip().endswith("terminated")
+    assert not list(tmp_path.iterdir())  # no report, no staging folder

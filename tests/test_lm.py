@@ -104,7 +104,8 @@ def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):
         assert result.exit_code == 2 and result.stderr.count("\n") == 1 and message in result.stderr
     # A setting the model refuses leaves no folder behind (the tokenizer used to be written first).
     result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", tmp_path / "w", *TINY, "--width", "31")
-    assert result.exit_code == 2 and "not divisible" in result.stderr and not (tmp_path / "w").exists()
+    assert result.exit_code == 2 and "--width 31 is not divisible by --heads 2" in result.stderr
+    assert not (tmp_path / "w").exists() and "data:" not in result.stdout  # refused before the text is read
     # Settings the run's saved ones overrule are named (the run ends as it was planned).
     import shutil
 
@@ -117,6 +118,44 @@ def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):
     other.write_text(TEXT.upper(), encoding="utf-8")
     result = invoke("train", "lm", "--text", other, "--out", run[0], "--resume", "--no-progress")
     assert result.exit_code == 2 and "not the text this run started with" in result.stderr
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(run, tmp_path):
+    import shutil
+
+    killed = tmp_path / "killed"
+    shutil.copytree(run[0], killed, ignore=shutil.ignore_patterns("checkpoint", "model.safetensors", "result.json"))
+    again = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", killed, "--no-progress")
+    assert again.exit_code == 2 and "already holds a run" in again.stderr  # a new run still refuses the folder
+    result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", killed, "--resume", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "has no checkpoint yet: starting the run again from step 0" in result.stderr
+    report = json.loads((killed / "result.json").read_text())
+    assert report["steps"] == 80 and report["val_loss"] == pytest.approx(json.loads(
+        (run[0] / "result.json").read_text())["val_loss"], abs=1e-5)  # the same run as the uninterrupted one
+
+
+def test_a_run_too_short_for_a_steady_window_reports_its_overall_rate_not_nan(tmp_path):
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    # A time budget spent within the first step: the run stops before it logs a window.
+    result = invoke("train", "lm", "--text", text, "--out", tmp_path / "one", *TINY, "--max-seconds", "0.0001")
+    assert result.exit_code == 0, result.output
+    def refuse(constant):
+        raise ValueError(f"{constant} in result.json")
+    report = json.loads((tmp_path / "one" / "result.json").read_text(), parse_constant=refuse)  # strict JSON
+    assert report["steps"] == 1 and report["steady_tokens_per_second"] == report["tokens_per_second"] > 0
+    assert "nan " not in result.stdout and "nan%" not in result.stdout and "(1 step)" in result.stdout.strip().splitlines()[-1]
+
+
+def test_a_warmup_as_long_as_the_run_is_allowed_with_a_note(tmp_path, run):
+    assert "note: --warmup" not in run[1].stderr  # 5 warmup steps of 80
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    short = [*TINY[: TINY.index("--steps")], *TINY[TINY.index("--steps") + 2 :], "--steps", "3"]
+    result = invoke("train", "lm", "--text", text, "--out", tmp_path / "short", *short)
+    assert result.exit_code == 0, result.output
+    assert "note: --warmup 5 is not shorter than --steps 3: the learning rate never reaches its peak 0.01" in result.stderr
 
 
 def test_bpe_tokenizer_trains_generates_and_refuses_a_vocabulary_smaller_than_the_alphabet(tmp_path):

@@ -3,13 +3,21 @@
 import json
 import random
 
+import pytest
 import torch
 from click.testing import CliRunner
 
 from attnlab.checks import Contract, run_checks
 from attnlab.cli.main import cli
+from attnlab.errors import AttnlabError
 from attnlab.nn import DecoderLM
-from attnlab.tasks.leak import LeakyDecoderLM, future_absent_loss, teacher_forced_loss
+from attnlab.tasks.leak import (
+    LEAK_SETTINGS,
+    LeakyDecoderLM,
+    future_absent_loss,
+    run_leak_experiment,
+    teacher_forced_loss,
+)
 
 
 def test_leak_experiment_shows_the_leak_three_ways(tmp_path):
@@ -54,3 +62,117 @@ def test_leaky_model_differs_from_the_core_model_only_in_its_mask():
     assert run_checks(leaky, contract, seeds=3, only=["causal"]).failed
     stream = torch.randint(0, 12, (200,))
     assert abs(future_absent_loss(honest, stream, context=8) - teacher_forced_loss(honest, stream, context=8)) < 1e-5
+
+
+# ------------------------------------------------------------------------------------------------------
+# bad input: one `error:` line, exit status 2, and nothing written
+
+
+def _letters(path, count=400, alphabet="abcdefghij"):
+    """A text of ``count`` random letters: long and varied enough for the experiment (it needs 321 characters)."""
+    rng = random.Random(0)
+    path.write_text("".join(rng.choice(alphabet) for _ in range(count)))
+    return path
+
+
+def _leak(*args):
+    return CliRunner().invoke(cli, ["experiment", "leak", *map(str, args)], prog_name="attnlab")
+
+
+def _one_error_line(result):
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert isinstance(result.exception, SystemExit)  # handled: no traceback
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "training two models" not in result.output  # refused before the banner
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--steps", "0"], "--steps"),
+    (["--steps", "-5"], "--steps"),
+    (["--sample-tokens", "0"], "--sample-tokens"),
+    (["--steps", "2", "--sample-tokens", "0"], "--sample-tokens"),  # refused before the causal model is trained
+])
+def test_leak_refuses_steps_and_sample_tokens_below_one_before_writing(tmp_path, args, option):
+    out = tmp_path / "leak"
+    line = _one_error_line(_leak("--text", _letters(tmp_path / "t.txt"), "--out", out, *args))
+    assert f"'{option}'" in line and "x>=1" in line and "see 'attnlab experiment leak --help'" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("overrides, sample_tokens, message", [
+    ({"steps": 0}, 200, "--steps must be at least 1, got 0"),
+    ({}, 0, "--sample-tokens must be at least 1, got 0"),
+])
+def test_leak_experiment_function_checks_settings_by_option_name_before_writing(tmp_path, overrides, sample_tokens,
+                                                                                 message):
+    out = tmp_path / "leak"
+    with pytest.raises(AttnlabError) as err:
+        run_leak_experiment(_letters(tmp_path / "t.txt"), out, LEAK_SETTINGS.with_overrides(**overrides),
+                            sample_tokens=sample_tokens)
+    assert str(err.value) == message  # the command's option, not max_steps or "max new tokens"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    ("ab" * 300, "has only 2 distinct characters; the leak experiment needs at least 3"),
+    ("a" * 400, "has only 1 distinct character; the leak experiment needs at least 3"),
+    (b"\xff\xfe not text", "is not UTF-8 text"),
+    ("abcdefg", "is too short for the leak experiment: it holds 7 characters and needs at least 321"),
+    ("", "is empty"),
+])
+def test_leak_refuses_an_unusable_text_before_creating_out(tmp_path, content, message):
+    text = tmp_path / "t.txt"
+    if isinstance(content, bytes):
+        text.write_bytes(content)
+    else:
+        text.write_text(content)
+    out = tmp_path / "leak"
+    line = _one_error_line(_leak("--text", text, "--out", out, "--steps", "2"))
+    assert line == f"error: {text} {message}" or line.startswith(f"error: {text} {message}"), line
+    assert not out.exists()
+
+
+def test_leak_refuses_a_missing_text_and_an_out_that_is_a_file(tmp_path):
+    text = _letters(tmp_path / "t.txt")
+    assert _one_error_line(_leak("--text", tmp_path / "nope.txt", "--out", tmp_path / "leak")) == \
+        f"error: no text file {tmp_path / 'nope.txt'}"
+    assert not (tmp_path / "leak").exists()
+    (tmp_path / "file").write_text("keep me")
+    assert _one_error_line(_leak("--text", text, "--out", tmp_path / "file")) == \
+        f"error: --out {tmp_path / 'file'} exists and is not a folder"
+    assert (tmp_path / "file").read_text() == "keep me"
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder): (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None)
+            for p in sorted(folder.rglob("*"))}
+
+
+def test_leak_refuses_an_out_holding_an_experiment_or_part_of_one_and_changes_nothing(tmp_path):
+    text = _letters(tmp_path / "t.txt")
+    out = tmp_path / "leak"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")  # a folder holding other files is used, and they are kept
+    first = _leak("--text", text, "--out", out, "--steps", "2", "--sample-tokens", "5")
+    assert first.exit_code == 0, (first.output, first.exception)
+    assert {p.name for p in out.iterdir()} == {"notes.txt", "causal", "leaky", "check_models.py", "leak.json",
+                                                "leak.png"}
+    assert (out / "notes.txt").read_text() == "mine"
+    # Again into the same folder: refused before anything is written; check_models.py is not rewritten.
+    before = _snapshot(out)
+    line = _one_error_line(_leak("--text", text, "--out", out, "--steps", "2", "--sample-tokens", "5"))
+    assert line == (f"error: {out} already holds a leak experiment or part of one (causal/, leaky/, check_models.py, "
+                    f"leak.json, leak.png); choose another --out, or delete {out} to run it there again")
+    assert "--resume" not in line  # the command has no --resume
+    assert _snapshot(out) == before
+    # What a run stopped after its first model leaves behind is refused the same way, and left as it is.
+    partial = tmp_path / "partial"
+    (partial / "causal").mkdir(parents=True)
+    (partial / "causal" / "config.json").write_text("{}")
+    before = _snapshot(partial)
+    line = _one_error_line(_leak("--text", text, "--out", partial, "--steps", "2"))
+    assert line == (f"error: {partial} already holds a leak experiment or part of one (causal/); "
+                    f"choose another --out, or delete {partial} to run it there again")
+    assert _snapshot(partial) == before

@@ -135,6 +135,12 @@ def test_shared_embeddings_asked_for_with_separate_vocabularies_is_one_line(toy,
                                       str(tmp_path / "r"), "--separate-vocab", "--share-embeddings"])
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "needs the joint vocabulary" in result.stderr
     assert not (tmp_path / "r").exists()
+    heads = CliRunner().invoke(cli, ["train", "translate", "--train", str(toy["root"] / "train"), "--valid",
+                                     str(toy["root"] / "valid"), "--src", "xx", "--tgt", "yy", "--out",
+                                     str(tmp_path / "r"), "--d-model", "32", "--heads", "3"])
+    assert heads.exit_code == 2 and heads.stderr == (
+        "error: --d-model 32 is not divisible by --heads 3: each head gets d-model / heads dimensions\n")
+    assert not (tmp_path / "r").exists()
 
 
 def test_eval_of_empty_files_is_one_line(toy, tmp_path):

@@ -26,13 +26,24 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success it is renamed to ``path``, on error removed."""
+    """Yield a temporary path beside ``path``; on success it is renamed to ``path``, on error removed.
+
+    The file gets the permissions an ordinary write would give it: those of the file it replaces, or
+    0666 less the umask (``mkstemp`` makes its files private, 0600, whatever the umask).
+    """
     path = Path(path)
     ensure_writable_dir(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, path.stat().st_mode & 0o7777 if path.is_file() else 0o666 & ~_umask())
     tmp_path = Path(tmp)
     try:
         yield tmp_path
@@ -66,6 +77,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     ensure_writable_dir(path.parent)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp.chmod(0o777 & ~_umask())  # mkdtemp's folders are private (0700); a made folder follows the umask
     try:
         yield tmp
         _fsync_dir(tmp)

@@ -16,7 +16,8 @@ check                  what must hold                                           
 ``mode``               eval deterministic; train differs if dropout             dropout at eval (000)
 =====================  =======================================================  ===========================
 
-Outputs agree within :data:`~attnlab.checks.compare.TOLERANCE` (``1e-5 + 1e-4 x max|output|``).
+Outputs agree within :data:`~attnlab.checks.compare.TOLERANCE` (``1e-5 + 1e-4 x max|output|``); a
+comparison with a NaN or infinite output decides nothing, and a check left with none skips.
 
 Entry points: :func:`run_checks` (a :class:`CheckReport`), the ``assert_*`` functions for pytest, and the
 ``attnlab check SPEC --kind KIND`` command.

@@ -5,6 +5,7 @@ Per seed, a row is run among two random rows at index 0, then among three other 
 statistics taken across the batch (a hand-written batch norm, or one left in train mode), a (B,1,S)
 mask added to (B,S) scores that pairs every sequence with every other's mask (seed 000, change 9), and
 masks repeated head-major where the scores are batch-major. Rows are padded when there is a pad id.
+A seed whose outputs are not finite is left out; with none left the check skips (see finite-outputs).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from torch import Tensor
 
 from attnlab.checks.calling import ModelUnderTest
-from attnlab.checks.compare import TOLERANCE
+from attnlab.checks.compare import NOT_FINITE, TOLERANCE, Tally
 from attnlab.checks.inputs import generator, pad_rows, randint, random_lengths, random_tokens, short_width
 from attnlab.checks.result import CheckResult
 
@@ -25,7 +26,7 @@ NAME = "batch-independence"
 def check_batch_independence(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
     """Run the batch independence check over ``seeds``; see the module docstring."""
     contract, tol = mut.contract, TOLERANCE.describe()
-    seq2seq, pad, worst = contract.kind == "seq2seq", contract.pad_id, 0.0
+    seq2seq, pad, tally = contract.kind == "seq2seq", contract.pad_id, Tally()
 
     def rows(gen: torch.Generator, width: int, count: int) -> list[Tensor]:
         lengths = random_lengths(gen, count, 1, width, padded=False) if pad is not None else [width] * count
@@ -46,6 +47,8 @@ def check_batch_independence(mut: ModelUnderTest, seeds: Sequence[int]) -> Check
         length = len(first[0])
         diff = mut.compare(mut.positions(mut.outputs(tgt_a, src_a), 0, length),
                            mut.positions(mut.outputs(tgt_b, src_b), 2, length))
+        if not tally.judge(diff):
+            continue
         if not diff.same:
             positions = [p[0] for p in diff.positions]
             evidence = {"seed": seed, "row": first[0], "batch": tgt_a, "other_batch": tgt_b, "positions": positions,
@@ -56,6 +59,7 @@ def check_batch_independence(mut: ModelUnderTest, seeds: Sequence[int]) -> Check
             summary = (f"seed {seed}: row {first[0].tolist()} gave another output{where} (by up to "
                        f"{diff}) next to other rows")
             return CheckResult(NAME, "fail", summary, tol, done, evidence)
-        worst = max(worst, diff.max_diff)
-    return CheckResult(NAME, "pass", f"a row's output ignores its neighbours (largest difference {worst:.2g})", tol,
-                       len(seeds), {"max_diff": worst})
+    if not tally.judged:
+        return CheckResult(NAME, "skip", NOT_FINITE, tol, len(seeds))
+    return CheckResult(NAME, "pass", f"a row's output ignores its neighbours (largest difference "
+                       f"{tally.worst:.2g}){tally.note}", tol, len(seeds), {"max_diff": tally.worst})

@@ -2,6 +2,10 @@
 
 Models return a tensor, a tuple (attnlab's models with ``return_attention``, many hand-written ones),
 or a Hugging Face ``ModelOutput``. :func:`output_tensor` is the only place that knows about these.
+
+Two kinds of trouble are told apart, because they mean different things to the reader of a report: the
+model raising (:class:`ModelRaised`, the model has a bug on an input it should accept) and the model
+returning something the checks cannot use (:class:`OutputError`, the tool's own check of the output).
 """
 
 from __future__ import annotations
@@ -19,6 +23,22 @@ from attnlab.checks.contract import Contract
 #: Fields of an output object that hold per-position outputs, in the order they are preferred.
 OUTPUT_FIELDS = ("logits", "last_hidden_state")
 
+#: What a side of an input is called in a report.
+SIDES = {"ids": "ids", "src": "source", "tgt": "target"}
+
+
+class OutputError(TypeError):
+    """What the model returned breaks the calling contract (not a tensor, a wrong batch axis, a shape that
+    changes between calls). Raised by attnlab's checks of the output, not by the model."""
+
+
+class ModelRaised(Exception):
+    """The model itself raised :attr:`error` when called (a finding about the model)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
 
 def output_tensor(out: Any) -> Tensor:
     """The tensor a model's return value stands for.
@@ -34,7 +54,7 @@ def output_tensor(out: Any) -> Tensor:
         value = out.get(name) if isinstance(out, Mapping) else getattr(out, name, None)
         if isinstance(value, Tensor):
             return value
-    raise TypeError(
+    raise OutputError(
         f"the model returned {type(out).__name__}; expected a tensor, a tuple starting with one, "
         f"or an output with {' or '.join(OUTPUT_FIELDS)}"
     )
@@ -44,8 +64,9 @@ class ModelUnderTest:
     """A model and its contract, called the same way by every check.
 
     ``mut(ids)`` (encoder, decoder) or ``mut(src, tgt)`` (seq2seq) returns the output tensor, computed
-    under ``torch.no_grad()`` on the model's device, with its batch axis checked, on the CPU. :attr:`last_input` holds the ids of the
-    latest call so that an exception can be reported with the input that raised it.
+    under ``torch.no_grad()`` on the model's device, with its batch axis checked, on the CPU. An
+    exception of the model comes out as :class:`ModelRaised`, an unusable output as :class:`OutputError`.
+    :attr:`last_input` holds the ids of the latest call so that either can be reported with its input.
     """
 
     def __init__(self, model: Callable[..., Any], contract: Contract) -> None:
@@ -67,10 +88,28 @@ class ModelUnderTest:
         self.last_input = {"src": ids.tolist(), "tgt": tgt.tolist()} if tgt is not None else {"ids": ids.tolist()}
         with torch.no_grad():
             ids_on = ids.to(self.device)
-            out = output_tensor(self.model(ids_on, tgt.to(self.device)) if tgt is not None else self.model(ids_on))
+            try:
+                raw = self.model(ids_on, tgt.to(self.device)) if tgt is not None else self.model(ids_on)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as err:  # SystemExit too: a model that exits is a finding, not the end of the run
+                raise ModelRaised(err) from err
+        out = output_tensor(raw)
         if out.dim() == 0 or out.shape[0] != ids.shape[0]:
-            raise TypeError(f"the output has shape {tuple(out.shape)}, but the batch has {ids.shape[0]} rows")
+            rows = f"{ids.shape[0]} row{'s' if ids.shape[0] != 1 else ''}"
+            raise OutputError(f"the output has shape {tuple(out.shape)}, but the batch has {rows}")
         return out.detach().cpu()
+
+    def input_summary(self) -> str:
+        """The latest input in words, e.g. ``ids of shape (2, 100) with row lengths 57, 100``; lengths
+        count the ids that are not the pad id, so a model that overruns its positions is easy to spot."""
+        pad, parts = self.contract.pad_id, []
+        for side, rows in self.last_input.items():
+            width = len(rows[0]) if rows else 0
+            lengths = sorted({sum(t != pad for t in row) for row in rows})
+            parts.append(f"{SIDES[side]} of shape ({len(rows)}, {width}) with row lengths "
+                         f"{', '.join(map(str, lengths))}")
+        return "; ".join(parts)
 
     def outputs(self, ids: Tensor, src: Tensor | None = None) -> Tensor:
         """Outputs for ``ids`` on the output side: the ids of an encoder or decoder, the target of a
@@ -104,6 +143,9 @@ class ModelUnderTest:
 
     def compare(self, a: Tensor, b: Tensor) -> Difference:
         """:func:`~attnlab.checks.compare.difference` of two of one row's outputs, positions named if any."""
+        if a.shape != b.shape:
+            raise OutputError(f"one row's outputs have shapes {tuple(a.shape)} and {tuple(b.shape)} in two calls; "
+                              f"only the batch and position axes may change with the input")
         return difference(a, b, position_dims=1 if self.per_position else 0)
 
 

@@ -7,7 +7,8 @@ attend to everything). Runs on decoders and on the target side of seq2seq models
 
 Inputs per seed: a batch of ``T - 1`` unpadded rows of width ``T`` (2..8); row ``r`` is changed at every
 position after ``r`` and its outputs at positions ``0..r`` are compared, so each seed tests every cut,
-the cut after position 0 included.
+the cut after position 0 included. A comparison with a non-finite output decides nothing and is left
+out; with none left the check skips (see finite-outputs).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from attnlab.checks.calling import ModelUnderTest
-from attnlab.checks.compare import TOLERANCE, difference
+from attnlab.checks.compare import NOT_FINITE, TOLERANCE, Tally
 from attnlab.checks.inputs import generator, other_tokens, randint, random_source, random_tokens, short_width
 from attnlab.checks.result import CheckResult
 
@@ -29,7 +30,7 @@ def check_causal(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
         return CheckResult(NAME, "skip", "an encoder may look at every position", tol)
     if not mut.per_position:
         return CheckResult(NAME, "skip", "pooled output: no positions to compare", tol)
-    worst = 0.0
+    tally = Tally()
     for done, seed in enumerate(seeds, 1):
         mut.seed, gen = seed, generator(NAME, seed)
         width = randint(gen, 2, short_width(contract))
@@ -40,7 +41,9 @@ def check_causal(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
         src = random_source(gen, contract, width - 1)
         before, after = mut.outputs(ids, src), mut.outputs(changed, src)
         for r in range(width - 1):
-            diff = difference(before[r, : r + 1], after[r, : r + 1])
+            diff = mut.compare(before[r, : r + 1], after[r, : r + 1])
+            if not tally.judge(diff):
+                continue
             if not diff.same:
                 side = "target " if src is not None else ""
                 evidence = {
@@ -55,8 +58,9 @@ def check_causal(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
                     f"{changed[r].tolist()}"
                 )
                 return CheckResult(NAME, "fail", summary, tol, done, evidence)
-            worst = max(worst, diff.max_diff)
+    if not tally.judged:
+        return CheckResult(NAME, "skip", NOT_FINITE, tol, len(seeds))
     return CheckResult(
-        NAME, "pass", f"no output moved when later tokens changed (largest difference {worst:.2g})", tol, len(seeds),
-        {"max_diff": worst},
+        NAME, "pass", f"no output moved when later tokens changed (largest difference {tally.worst:.2g}){tally.note}",
+        tol, len(seeds), {"max_diff": tally.worst},
     )

@@ -6,8 +6,10 @@ it is loose enough for what float32 kernels do differently on a batch of another
 1e-7 relative) and some hundred times tighter than the smallest effect of any bug the mutation suite
 plants. Non-finite values agree only with the same non-finite value (NaN with NaN, ``inf`` with
 ``inf``), as in ``torch.testing.assert_close(equal_nan=True)``; against anything else they are a
-difference of ``inf``. So a model that gives NaN is reported by the finite check, and the other
-checks judge only their own property.
+difference of ``inf``. A comparison with a non-finite value on either side decides nothing (two NaN
+agreeing says nothing about masks or positions), so the checks leave it out
+(:attr:`Difference.finite`), and skip when nothing is left: a model that gives NaN is reported by the
+finite check, and the other checks judge only their own property.
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ class Difference:
         max_diff: largest absolute difference (``inf`` where either side is not finite).
         bound: the tolerance bound it was judged against.
         positions: indices (into the compared tensors' leading axes) where the difference exceeds the bound.
+        finite: whether every value on both sides is finite; when not, the comparison decides nothing.
     """
 
     max_diff: float
     bound: float
     positions: list[list[int]]
+    finite: bool = True
 
     @property
     def same(self) -> bool:
@@ -78,7 +82,33 @@ def difference(a: Tensor, b: Tensor, *, position_dims: int = 1, tolerance: Toler
     if position_dims and diff.dim() >= position_dims:
         worst = diff.flatten(position_dims).amax(-1) if diff.dim() > position_dims else diff
         positions = [list(map(int, p)) for p in torch.nonzero(worst > bound)]
-    return Difference(max_diff, bound, positions)
+    return Difference(max_diff, bound, positions, finite=bool(finite.all()))
+
+
+#: The summary of a comparing check that skips because every comparison had a non-finite output.
+NOT_FINITE = "the outputs were not finite (NaN or infinite): nothing to compare (see finite-outputs)"
+
+
+@dataclass
+class Tally:
+    """A comparing check's record: the comparisons judged, the largest difference, those left out."""
+
+    judged: int = 0
+    worst: float = 0.0
+    left_out: int = 0
+
+    def judge(self, diff: Difference) -> bool:
+        """Count ``diff``; False (left out) when a side is not finite, since NaN agreeing with NaN proves nothing."""
+        if not diff.finite:
+            self.left_out += 1
+            return False
+        self.judged, self.worst = self.judged + 1, max(self.worst, diff.max_diff)
+        return True
+
+    @property
+    def note(self) -> str:
+        """The end of a passing summary: how many comparisons were left out, if any."""
+        return f"; {self.left_out} comparison(s) with non-finite outputs left out" if self.left_out else ""
 
 
 def _finite_max(x: Tensor) -> float:

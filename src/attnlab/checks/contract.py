@@ -13,6 +13,10 @@ from attnlab.errors import AttnlabError
 
 Kind = Literal["encoder", "decoder", "seq2seq"]
 KINDS: tuple[str, ...] = ("encoder", "decoder", "seq2seq")
+#: Three distinct real tokens (plus the pad) are the fewest that let a reordering change a sequence of three.
+MIN_VOCAB_SIZE = 4
+#: order-sensitivity reorders two tokens before a third; padding-content needs two tokens and a pad column.
+MIN_MAX_LENGTH = 3
 
 
 @dataclass(frozen=True)
@@ -39,11 +43,10 @@ class Contract:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise AttnlabError(f"unknown model kind {self.kind!r}; use one of {', '.join(KINDS)}")
-        # Three distinct real tokens are the fewest that let a reordering change a sequence of three.
-        if self.vocab_size < 4:
-            raise AttnlabError(f"vocab size must be at least 4 for the checks, got {self.vocab_size}")
-        if self.max_length < 3:
-            raise AttnlabError(f"max length must be at least 3 for the checks, got {self.max_length}")
+        if self.vocab_size < MIN_VOCAB_SIZE:
+            raise AttnlabError(f"vocab size must be at least {MIN_VOCAB_SIZE} for the checks, got {self.vocab_size}")
+        if self.max_length < MIN_MAX_LENGTH:
+            raise AttnlabError(f"max length must be at least {MIN_MAX_LENGTH} for the checks, got {self.max_length}")
         if self.pad_id is not None and not 0 <= self.pad_id < self.vocab_size:
             raise AttnlabError(f"pad id {self.pad_id} is outside the vocabulary 0..{self.vocab_size - 1}")
 

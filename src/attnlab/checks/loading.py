@@ -1,14 +1,17 @@
 """Finding the model to check from a SPEC: ``path/to/file.py:factory`` or ``package.module:factory``.
 
 The factory takes no arguments and returns the callable model. Every way this can go wrong (no such
-file or module, no such factory, an import or the factory raising, a factory returning something that
-cannot be called) is an :class:`~attnlab.errors.AttnlabError` with one line that says which.
+file or module, no such factory, an import or the factory raising or calling ``sys.exit``, a factory
+returning something that cannot be called) is an :class:`~attnlab.errors.AttnlabError` with one line
+that says which. A ``module:factory`` spec is looked up from the current directory too, as
+``python -m`` and ``uvicorn`` do, so ``attnlab check mymodels:factory`` finds ``./mymodels.py``.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +26,14 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
 
 
+def _a(value: Any) -> str:
+    """``value``'s type with its article, for a message: ``an int``, ``a list``, ``None``."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}"
+
+
 def _import_file(path: Path) -> ModuleType:
     if not path.is_file():
         raise AttnlabError(f"no such file: {path}")
@@ -34,20 +45,30 @@ def _import_file(path: Path) -> ModuleType:
     sys.modules[name] = module  # dataclasses and pickling look their module up here
     try:
         spec.loader.exec_module(module)
-    except Exception as err:
-        del sys.modules[name]
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # SystemExit too: sys.exit(3) would end the command silently with status 3
+        sys.modules.pop(name, None)
         raise AttnlabError(f"importing {path} failed: {_one_line(err)}") from err
     return module
 
 
 def _import_module(name: str) -> ModuleType:
+    # A command's sys.path starts at its script's folder, not the current one; the factory's module usually
+    # sits in the current one. It stays on the path: a factory may import its neighbours when called.
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as err:
         if err.name and (name == err.name or name.startswith(err.name + ".")):
-            raise AttnlabError(f"no such module: {name}") from err
+            raise AttnlabError(f"no such module: {name} (looked in the current directory and on sys.path; "
+                               f"for a file elsewhere, use path/to/file.py:factory)") from err
         raise AttnlabError(f"importing {name} failed: {_one_line(err)}") from err
-    except Exception as err:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # sys.exit() at import too, as in _import_file
         raise AttnlabError(f"importing {name} failed: {_one_line(err)}") from err
 
 
@@ -63,7 +84,7 @@ def load_factory(spec: str) -> Callable[[], Any]:
         raise AttnlabError(f"{where} has no factory {attr!r} (its callables: {', '.join(public) or 'none'})")
     factory = getattr(module, attr)
     if not callable(factory):
-        raise AttnlabError(f"{where}:{attr} is a {type(factory).__name__}, not a factory function")
+        raise AttnlabError(f"{where}:{attr} is {_a(factory)}, not a factory function")
     return factory
 
 
@@ -72,8 +93,10 @@ def load_model(spec: str) -> Callable[..., Any]:
     factory = load_factory(spec)
     try:
         model = factory()
-    except Exception as err:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # sys.exit() too, as in _import_file
         raise AttnlabError(f"factory {spec} raised {_one_line(err)}") from err
     if not callable(model):
-        raise AttnlabError(f"factory {spec} returned a {type(model).__name__}, which cannot be called as a model")
+        raise AttnlabError(f"factory {spec} returned {_a(model)}, which cannot be called as a model")
     return model

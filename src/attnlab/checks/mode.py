@@ -7,7 +7,8 @@ or on a flag that eval mode never clears (seed 000 left dropout on at evaluation
 randomness at inference. Then, for an ``nn.Module`` and until it first happens, the same twice in train
 mode: outputs that differ mean dropout is active (pass); outputs that agree on every seed mean the model
 has no dropout, which is a note, not a failure. The model's own mode, submodule by submodule, is
-restored afterwards.
+restored afterwards. A seed whose outputs are not finite decides nothing and is left out; with none
+left the check skips (see finite-outputs).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from torch import Tensor
 
 from attnlab.checks.calling import ModelUnderTest, mode
-from attnlab.checks.compare import TOLERANCE, Difference
+from attnlab.checks.compare import NOT_FINITE, TOLERANCE, Difference, Tally
 from attnlab.checks.inputs import (
     generator,
     pad_rows,
@@ -46,7 +47,7 @@ def _twice(mut: ModelUnderTest, ids: Tensor, src: Tensor | None, seed: int) -> D
 def check_mode(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
     """Run the mode check over ``seeds``; see the module docstring."""
     contract, tol = mut.contract, TOLERANCE.describe()
-    train_moved, dropout, switchable = 0.0, False, False
+    train_moved, dropout, switchable, tally = 0.0, False, False, Tally()
     for done, seed in enumerate(seeds, 1):
         mut.seed, gen = seed, generator(NAME, seed)
         width = randint(gen, 2, short_width(contract))
@@ -56,6 +57,8 @@ def check_mode(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
         src = random_source(gen, contract, 3)
         with mode(mut.model, training=False):
             diff = _twice(mut, ids, src, seed)
+        if not tally.judge(diff):
+            continue
         if not diff.same:
             evidence = {"seed": seed, "input": ids, "positions": diff.positions, "max_diff": diff.max_diff,
                         "bound": diff.bound}
@@ -70,12 +73,16 @@ def check_mode(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
             if switched:
                 switchable = True
                 diff = _twice(mut, ids, src, seed)
-                train_moved, dropout = max(train_moved, diff.max_diff), not diff.same
+                if diff.finite:  # NaN in train mode says nothing about dropout
+                    train_moved, dropout = max(train_moved, diff.max_diff), not diff.same
+    if not tally.judged:
+        return CheckResult(NAME, "skip", NOT_FINITE, tol, len(seeds))
     if not switchable:
-        return CheckResult(NAME, "pass", "eval mode deterministic; train mode not checked (not an nn.Module)", tol,
-                           len(seeds))
+        return CheckResult(NAME, "pass", f"eval mode deterministic; train mode not checked (not an nn.Module)"
+                           f"{tally.note}", tol, len(seeds))
     if dropout:
         return CheckResult(NAME, "pass", f"eval mode deterministic; train mode differs (by up to {train_moved:.2g}): "
-                           "dropout is active", tol, len(seeds), {"train_max_diff": train_moved})
+                           f"dropout is active{tally.note}", tol, len(seeds), {"train_max_diff": train_moved})
     return CheckResult(NAME, "note", "eval mode deterministic; train mode gives the same output twice: the model "
-                       "has no dropout (reported, not failed)", tol, len(seeds), {"train_max_diff": train_moved})
+                       f"has no dropout (reported, not failed){tally.note}", tol, len(seeds),
+                       {"train_max_diff": train_moved})

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from attnlab.checks.calling import ModelUnderTest
-from attnlab.checks.compare import TOLERANCE
+from attnlab.checks.compare import NOT_FINITE, TOLERANCE
 from attnlab.checks.inputs import distinct_tokens, generator, randint, reordering, short_width
 from attnlab.checks.result import CheckResult
 
@@ -83,7 +83,6 @@ def check_order_sensitivity(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckR
                 return CheckResult(NAME, "fail", summary, tol, done, evidence)
             smallest = min(smallest, diff.max_diff)
     if not judged:
-        return CheckResult(NAME, "skip", "every output was NaN or infinite: nothing to compare (see finite-outputs)",
-                           tol, len(seeds))
+        return CheckResult(NAME, "skip", NOT_FINITE, tol, len(seeds))
     return CheckResult(NAME, "pass", f"every reordering changed the output (smallest change {smallest:.2g})", tol,
                        len(seeds), {"min_diff": smallest})

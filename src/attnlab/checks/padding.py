@@ -12,6 +12,7 @@
   them, so the contract lets them hold anything). Catches masks that are built but not applied.
 
 Both need a pad id and are skipped without one. Widths 2..8, rows of length 1 or more, right padding.
+A comparison with a non-finite output is left out; with none left the check skips (see finite-outputs).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor
 
 from attnlab.checks.calling import ModelUnderTest
-from attnlab.checks.compare import TOLERANCE, Difference
+from attnlab.checks.compare import NOT_FINITE, TOLERANCE, Difference, Tally
 from attnlab.checks.contract import Contract
 from attnlab.checks.inputs import (
     generator,
@@ -58,7 +59,7 @@ def check_padding_invariance(mut: ModelUnderTest, seeds: Sequence[int]) -> Check
     contract, tol = mut.contract, TOLERANCE.describe()
     if contract.pad_id is None:
         return CheckResult(INVARIANCE, "skip", "no pad id: the model takes no padding", tol)
-    seq2seq, worst = contract.kind == "seq2seq", 0.0
+    seq2seq, tally = contract.kind == "seq2seq", Tally()
     for done, seed in enumerate(seeds, 1):
         mut.seed, gen = seed, generator(INVARIANCE, seed)
         tgt_width, src_width = randint(gen, 2, short_width(contract)), randint(gen, 2, short_width(contract))
@@ -70,6 +71,8 @@ def check_padding_invariance(mut: ModelUnderTest, seeds: Sequence[int]) -> Check
         for i, row in enumerate(tgt_rows):
             alone = mut.outputs(row[None], src_rows[i][None] if seq2seq else None)
             diff = mut.compare(mut.positions(alone, 0, len(row)), mut.positions(batch, i, len(row)))
+            if not tally.judge(diff):
+                continue
             if not diff.same:
                 inputs = {"alone": row, "padded_batch": tgt}
                 if seq2seq:
@@ -77,9 +80,10 @@ def check_padding_invariance(mut: ModelUnderTest, seeds: Sequence[int]) -> Check
                 source = f" (source {src_rows[i].tolist()})" if seq2seq else ""
                 what = f"row {row.tolist()}{source} alone vs padded in a batch of {ROWS}"
                 return _fail(INVARIANCE, seed, done, what, i, diff, inputs)
-            worst = max(worst, diff.max_diff)
-    return CheckResult(INVARIANCE, "pass", f"alone and padded in a batch agree (largest difference {worst:.2g})",
-                       tol, len(seeds), {"max_diff": worst})
+    if not tally.judged:
+        return CheckResult(INVARIANCE, "skip", NOT_FINITE, tol, len(seeds))
+    return CheckResult(INVARIANCE, "pass", f"alone and padded in a batch agree (largest difference "
+                       f"{tally.worst:.2g}){tally.note}", tol, len(seeds), {"max_diff": tally.worst})
 
 
 def check_padding_content(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
@@ -87,7 +91,7 @@ def check_padding_content(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckRes
     contract, tol = mut.contract, TOLERANCE.describe()
     if contract.pad_id is None:
         return CheckResult(CONTENT, "skip", "no pad id: the model takes no padding", tol)
-    seq2seq, pad, worst = contract.kind == "seq2seq", contract.pad_id, 0.0
+    seq2seq, pad, tally = contract.kind == "seq2seq", contract.pad_id, Tally()
     # Room for at least one extra pad column within the longest sequence the model accepts.
     widest = min(short_width(contract), contract.max_length - 1)
     for done, seed in enumerate(seeds, 1):
@@ -116,11 +120,14 @@ def check_padding_content(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckRes
             out = mut.outputs(new_tgt, new_src)
             for i, row in enumerate(tgt_rows):
                 diff = mut.compare(mut.positions(base, i, len(row)), mut.positions(out, i, len(row)))
+                if not tally.judge(diff):
+                    continue
                 if not diff.same:
                     inputs = {"input": tgt, "changed_input": new_tgt}
                     if seq2seq:
                         inputs.update(source=src, changed_source=new_src)
                     return _fail(CONTENT, seed, done, f"{what}, row {i} {row.tolist()}", i, diff, inputs)
-                worst = max(worst, diff.max_diff)
+    if not tally.judged:
+        return CheckResult(CONTENT, "skip", NOT_FINITE, tol, len(seeds))
     return CheckResult(CONTENT, "pass", f"what sits under the padding changes nothing real (largest difference "
-                       f"{worst:.2g})", tol, len(seeds), {"max_diff": worst})
+                       f"{tally.worst:.2g}){tally.note}", tol, len(seeds), {"max_diff": tally.worst})

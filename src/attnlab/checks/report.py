@@ -67,7 +67,7 @@ class CheckReport:
         pad = "none" if c.pad_id is None else c.pad_id
         spec = f" {self.spec}" if self.spec else ""
         title = (f"attnlab check{spec} ({c.kind}, {self.output} output; pad {pad}, vocab {c.vocab_size}, "
-                 f"max length {c.max_length}, {len(self.seeds)} seeds)")
+                 f"max length {c.max_length}, {len(self.seeds)} seed{'s' if len(self.seeds) != 1 else ''})")
         table = Table(title=title, title_justify="left")
         table.add_column("check")
         table.add_column("result")

@@ -23,7 +23,8 @@ class CheckResult:
         tolerance: the rule the outputs were judged by.
         seeds: how many seeds ran (up to and including a failing one).
         evidence: the details, JSON-ready: ``seed``, the ``input`` ids, ``positions`` as [row, position]
-            pairs, ``max_diff`` and ``bound``, or the ``exception`` the model raised.
+            pairs, ``max_diff`` and ``bound``; or the ``exception`` the model raised, or the ``output_error``
+            when what it returned cannot be used, with the ``seed`` and ``input`` of that call.
     """
 
     name: str

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from attnlab.checks.batch import check_batch_independence
-from attnlab.checks.calling import ModelUnderTest, mode
+from attnlab.checks.calling import ModelRaised, ModelUnderTest, OutputError, mode
 from attnlab.checks.causal import check_causal
 from attnlab.checks.contract import Contract
 from attnlab.checks.finite import check_finite_outputs
@@ -40,7 +40,8 @@ def seed_list(seeds: int | Iterable[int]) -> list[int]:
 
 
 def run_check(name: str, mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
-    """One check; an exception from the model becomes a failed check that quotes it and its input."""
+    """One check. The model raising, or returning what the checks cannot use, is a failed check that
+    says which of the two it was and quotes the input (seed, shape, row lengths)."""
     if name not in CHECKS:
         raise AttnlabError(f"unknown check {name!r}; the checks are {', '.join(CHECKS)}")
     mut.seed, mut.last_input = None, {}
@@ -49,12 +50,27 @@ def run_check(name: str, mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
             return CHECKS[name](mut, seeds)
         with mode(mut.model, training=False):
             return CHECKS[name](mut, seeds)
-    except Exception as err:  # the model raised on an input inside its contract: that is the finding
-        text = f"{type(err).__name__}: {err}"
-        first_line = text.splitlines()[0] if text.strip() else type(err).__name__
-        evidence: dict[str, Any] = {"exception": text, "seed": mut.seed, "input": mut.last_input}
-        summary = f"the model raised {first_line}" + (f" (seed {mut.seed})" if mut.seed is not None else "")
-        return CheckResult(name, "fail", summary, "", 0, evidence)
+    except ModelRaised as raised:  # the model raised on an input inside its contract: that is the finding
+        err = raised.error
+        return _stopped(name, mut, f"the model raised {_first_line(err)}", {"exception": f"{type(err).__name__}: {err}"})
+    except OutputError as err:  # attnlab's own check of the output: the model raised nothing
+        return _stopped(name, mut, str(err), {"output_error": str(err)})
+    except Exception as err:  # anything else is the check's own trouble; a report beats a traceback
+        return _stopped(name, mut, f"the check stopped on {_first_line(err)}", {"check_error": _first_line(err)})
+
+
+def _first_line(err: BaseException) -> str:
+    """``Type: first line of the message`` (or the type alone for an empty message)."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+def _stopped(name: str, mut: ModelUnderTest, what: str, evidence: dict[str, Any]) -> CheckResult:
+    """A failed check that stopped on ``what``, with the seed and the latest input as its evidence."""
+    where = [f"seed {mut.seed}"] if mut.seed is not None else []
+    where += [mut.input_summary()] if mut.last_input else []
+    summary = what + (f" ({'; '.join(where)})" if where else "")
+    return CheckResult(name, "fail", summary, "", 0, {**evidence, "seed": mut.seed, "input": mut.last_input})
 
 
 def run_checks(

@@ -23,13 +23,18 @@ def experiment() -> None:
 @click.command("leak")
 @click.option("--text", "text", type=click.Path(path_type=Path), required=True, help="A UTF-8 text file.")
 @click.option("--out", "out", type=click.Path(path_type=Path), default=Path("leak"), show_default=True,
-              help="Folder for the two runs, leak.png, leak.json and check_models.py.")
-@click.option("--steps", type=int, default=None, help="Training steps of each model. [default: 300]")
-@click.option("--sample-tokens", type=int, default=200, show_default=True, help="Free-running tokens per model.")
+              help="Folder for the two runs, leak.png, leak.json and check_models.py; one that already holds "
+                   "any of them is refused.")
+@click.option("--steps", type=click.IntRange(min=1), default=None,
+              help="Training steps of each model (>= 1). [default: 300]")
+@click.option("--sample-tokens", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Free-running tokens per model (>= 1).")
 @click.option("--progress/--no-progress", default=False, help="Progress bars while training.")
 def leak(text: Path, out: Path, steps: int | None, sample_tokens: int, progress: bool) -> None:
     """Train a causal and an unmasked ("leaky") tiny LM for the same budget, and show how only generation
-    and the causal check expose the leak (seed 000, review question 4)."""
+    and the causal check expose the leak (seed 000, review question 4).
+
+    The settings, the text and --out are checked before anything is written: a refused run leaves no folder."""
     from rich.console import Console
     from rich.table import Table
 
@@ -38,9 +43,13 @@ def leak(text: Path, out: Path, steps: int | None, sample_tokens: int, progress:
 
     settings = LEAK_SETTINGS.with_overrides(steps=steps)
     console = Console()
-    console.print(f"training two models ({settings.layers} layers, width {settings.width}, context "
-                  f"{settings.context}, {settings.steps} steps each, same seed and batches) on {text} ...")
-    result = run_leak_experiment(text, out, settings, sample_tokens=sample_tokens, progress=progress)
+
+    def banner(_data: object) -> None:  # only once every check has passed
+        console.print(f"training two models ({settings.layers} layers, width {settings.width}, context "
+                      f"{settings.context}, {settings.steps} steps each, same seed and batches) on {text} ...")
+
+    result = run_leak_experiment(text, out, settings, sample_tokens=sample_tokens, progress=progress,
+                                 on_start=banner)
     table = Table(title="The leaking decoder: teacher-forced loss says it is better; writing and the causal check "
                         "say it is broken (nats per token)", title_justify="left")
     for column in ("model", "val loss,\nteacher-\nforced", "same windows,\nteacher-\nforced",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from attnlab.cli import omp_passive  # noqa: F401  (before torch is imported)
+from attnlab.cli import SEED, omp_passive  # noqa: F401  (omp_passive: before torch is imported)
 from attnlab.data.tokenizers import CharTokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.tasks.lm import TASK_NAME, TOKENIZER_FILE, torch_threads
@@ -23,7 +23,7 @@ from attnlab.training.checkpoint import load_run
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="Divides the logits (> 0).")
 @click.option("--top-k", type=int, default=None, help="Sample among the K most likely tokens only.")
 @click.option("--top-p", type=float, default=None, help="Sample among the most likely tokens holding P of the mass.")
-@click.option("--seed", type=int, default=None, help="Seed of the sampling; the same seed gives the same text.")
+@click.option("--seed", type=SEED, default=None, help="Seed of the sampling; the same seed gives the same text.")
 @click.option("--greedy", is_flag=True, help="Always take the most likely token (ignores temperature, top-k, top-p).")
 @click.option("--no-cache", is_flag=True, help="Recompute the whole window every step instead of using the KV cache.")
 @click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,

@@ -8,6 +8,7 @@ stderr, ``error: ...``, and exit status 2; never a stack trace.
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Any
 
@@ -51,9 +52,8 @@ class _MainGroup(LazyGroup):
             hint = f" (see '{ctx.command_path} --help')" if isinstance(err, click.UsageError) and ctx else ""
             click.echo(f"error: {err.format_message()}{hint}", err=True)
             sys.exit(err.exit_code)
-        except click.Abort:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
+        except click.Abort as err:  # Click's form of KeyboardInterrupt (Ctrl-C) and of Terminated
+            _exit_interrupted(err)
         sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -74,13 +74,33 @@ def cli() -> None:
     """Build, train and interrogate transformers."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a job scheduler), raised the way Ctrl-C raises KeyboardInterrupt.
+
+    Python's default for SIGTERM ends the process on the spot; raising instead runs every ``finally`` and
+    context manager on the way out, so staged reports and temporary files are removed as after Ctrl-C. A
+    KeyboardInterrupt subclass, so that code letting Ctrl-C through (the checks catch everything a user's
+    model raises, ``SystemExit`` included, but not that) lets it through too.
+    """
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _exit_interrupted(err: BaseException) -> None:
+    terminated = isinstance(err, Terminated) or isinstance(err.__cause__, Terminated)
+    click.echo("terminated" if terminated else "interrupted", err=True)
+    sys.exit(128 + (signal.SIGTERM if terminated else signal.SIGINT))
+
+
 def main() -> None:
     """Console-script entry point."""
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         cli.main(prog_name="attnlab")
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as err:
+        _exit_interrupted(err)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,14 @@ def predict(run: Path, texts: tuple[str, ...], top: int, as_json: bool) -> None:
     """
     clf = load_classifier(run)
     items = list(texts) if texts else [line.rstrip("\n") for line in sys.stdin]
-    items = [t for t in items if t.strip()]
     if not items:
         raise AttnlabError("no text to classify: give texts as arguments or one a line on stdin")
+    empty = [i for i, t in enumerate(items, 1) if not t.strip()]
+    if empty:  # dropping them would shift every later output line against its input line
+        where = "line" if not texts else "text"
+        raise AttnlabError(f"{where} {', '.join(map(str, empty[:5]))}{', ...' if len(empty) > 5 else ''} of "
+                           f"{len(items)} {'is' if len(empty) == 1 else 'are'} empty; predict prints one line a text, "
+                           "so remove empty ones first")
     encoded = clf.encode(items)
     logits = clf.logits(encoded.ids)
     probabilities = torch.softmax(logits, dim=1)

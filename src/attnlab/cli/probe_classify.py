@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from attnlab.cli import SEED
 from attnlab.tasks.classify import load_classifier
 from attnlab.tasks.classify_probes import IDENTICAL_ATOL, order_probe, padding_probe
 from attnlab.tasks.tables import read_table
@@ -35,7 +36,7 @@ def _pct(x: float | None) -> str:
 @_data
 @_text
 @_label
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the shuffles.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the shuffles.")
 @_json
 def probe_order(run: Path, data: Path, text_column: str | None, label_column: str | None, seed: int,
                 as_json: bool) -> None:
@@ -76,6 +77,9 @@ def probe_padding(run: Path, data: Path, text_column: str | None, label_column: 
         click.echo("note: this model has no attention layers (the bag of words): no mask reaches its scores, "
                    "so every line below should read the same")
     ex = result.example
+    if ex.padding == 0:
+        click.echo(f"note: every text is {result.longest} tokens long, so nothing gets padded and the lines below "
+                   "cannot tell a working mask from a missing one; probe data with texts of different lengths")
     click.echo(f"shortest text ({ex.label}, {ex.tokens} tokens, {ex.padding} padding next to the longest "
                f"of {result.longest}): {ex.text}")
     click.echo(f"  scores of {', '.join(ex.top)}:")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from attnlab.cli import SEED
 from attnlab.tasks.classify_train import MODEL_KINDS, ClassifySettings, train_classifier
 
 DEFAULTS = ClassifySettings()
@@ -79,7 +80,7 @@ def _default(name: str) -> str:
 @click.option("--bf16/--no-bf16", default=None, help="bfloat16 autocast. [default: off]")
 @click.option("--threads", type=click.IntRange(min=0), default=None,
               help="torch threads (0: torch's default, one per core; 2 may help on an otherwise idle machine). [default: 1]")
-@click.option("--seed", type=int, default=None, help=f"{_default('seed')}")
+@click.option("--seed", type=SEED, default=None, help=f"{_default('seed')}")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
 def train_classify(train_path: Path, valid_path: Path | None, out: Path, resume: bool, progress: bool,
                    **overrides: object) -> None:

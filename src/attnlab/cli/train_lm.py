@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from attnlab.cli import omp_passive  # noqa: F401  (before torch is imported)
+from attnlab.cli import SEED, omp_passive  # noqa: F401  (omp_passive: before torch is imported)
 from attnlab.tasks.lm import PEAK_REPEATS, PEAK_SIZE, LMData
 from attnlab.tasks.lm_train import LM_PRESETS, LMReport, train_language_model
 
@@ -25,7 +25,7 @@ def describe_report(report: LMReport, out: Path) -> list[str]:
         "matmuls, in this process after training",
         f"run folder: {out} (model.safetensors, config.json, tokenizer.json, metrics.jsonl, loss.png, result.json)",
         f"{report.steady_tokens_per_second:,.0f} tokens/s | {peak} | wall time {report.wall_seconds:.1f} s "
-        f"({report.steps} steps) | final val loss {report.val_loss:.4f} nats/token ({settings['final_eval_iters']} "
+        f"({report.steps} step{'s' if report.steps != 1 else ''}) | final val loss {report.val_loss:.4f} nats/token ({settings['final_eval_iters']} "
         f"batches of {settings['eval_batch_size']}x{settings['context']})",
     ]
 
@@ -61,7 +61,7 @@ def describe_report(report: LMReport, out: Path) -> list[str]:
 @click.option("--bf16/--no-bf16", default=None, help="bfloat16 autocast.")
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
 @click.option("--threads", type=click.IntRange(min=0), default=None, help="torch threads (0: one per core).")
-@click.option("--seed", type=int, default=None)
+@click.option("--seed", type=SEED, default=None)
 @click.option("--max-seconds", type=click.FloatRange(min=0), default=None, help="Stop training after this many seconds.")
 @click.option("--resume", is_flag=True, help="Continue from RUN/checkpoint.")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from attnlab.cli import SEED
 from attnlab.cli.translate import report_warnings
 from attnlab.errors import AttnlabError
 from attnlab.tasks.translate import RECIPE_MODEL, RECIPE_TRAIN, TranslateSettings, train_translation
@@ -51,7 +52,7 @@ _M, _T = RECIPE_MODEL, RECIPE_TRAIN
 @click.option("--select", type=click.Choice(["bleu", "loss"]), default="bleu", show_default=True,
               help="Keep the weights with the best validation BLEU (greedy) or the lowest validation loss.")
 @click.option("--valid-sentences", type=click.IntRange(min=0), default=0, show_default=True, help="Validate on the first N pairs only (0 = all).")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--bf16", is_flag=True, help="bfloat16 autocast (fast only on CPUs and GPUs with bf16 units).")
 @click.option("--threads", type=click.IntRange(min=0), default=None, help="torch CPU threads (default: torch's choice).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its checkpoint.")
@@ -74,6 +75,9 @@ def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint
     explicit = click.get_current_context().get_parameter_source("share_embeddings")
     if share_embeddings and not joint_vocab and explicit == click.core.ParameterSource.COMMANDLINE:
         raise AttnlabError("--share-embeddings needs the joint vocabulary; drop --separate-vocab or the sharing")
+    if d_model % heads:  # before the BPE training that would come first
+        raise AttnlabError(f"--d-model {d_model} is not divisible by --heads {heads}: each head gets d-model / heads "
+                           "dimensions")
     if threads:
         torch.set_num_threads(threads)
     settings = TranslateSettings(src=src, tgt=tgt, joint_vocab=joint_vocab, vocab_size=vocab_size,

@@ -140,6 +140,11 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
                     if width == 0:
                         raise AttnlabError(f"{path}:{lineno}: no numbers after the word {word[:40]!r}; "
                                            "not a GloVe text file (expected 'word v1 v2 ... vd' per line)")
+                    try:  # the first vector sets the width, so it must be one (later lines are parsed lazily)
+                        np.array(fields, dtype=np.float32)
+                    except ValueError as err:
+                        raise AttnlabError(f"{path}:{lineno}: the values for {word[:40]!r} are not all numbers; "
+                                           "not a GloVe text file (expected 'word v1 v2 ... vd' per line)") from err
                     if requested is not None and width != requested:
                         raise AttnlabError(f"{path} holds {width}-wide vectors, but {requested} was {why}")
                 # Counting separators is far cheaper than splitting 400,000 lines; split only on a mismatch

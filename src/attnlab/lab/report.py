@@ -122,6 +122,9 @@ class Staging:
         self.out = Path(out)
         if self.out.exists() and not self.out.is_dir():
             raise AttnlabError(f"cannot write the report to {self.out}: it exists and is not a folder")
+        blocker = next((a for a in self.out.absolute().parents if a.exists()), None)  # the nearest that exists
+        if blocker is not None and not blocker.is_dir():
+            raise AttnlabError(f"cannot write the report to {self.out}: {blocker} is a file, not a folder")
         self._into_existing = self.out.is_dir()
         parent = self.out if self._into_existing else self.out.absolute().parent
         try:

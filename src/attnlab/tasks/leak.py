@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from attnlab.checks.report import CheckReport
 from attnlab.errors import AttnlabError
 from attnlab.files import atomic_path, ensure_writable_dir, write_json_atomic, write_text_atomic
 from attnlab.nn.models import DecoderLM
-from attnlab.tasks.lm import load_lm_data, random_windows, seeded_generator
+from attnlab.tasks.lm import LMData, load_lm_data, random_windows, seeded_generator
 from attnlab.tasks.lm_train import LMSettings, train_language_model
 from attnlab.tasks.sampling import generate
 from attnlab.training.checkpoint import load_run, register_model
@@ -173,11 +174,68 @@ class LeakResult:
     prompt: str
 
 
+#: What the experiment writes in its ``out`` folder. A folder holding any of them (a finished experiment, or
+#: the start of one that stopped) is refused before anything is written: nothing is overwritten or mixed.
+OUT_ENTRIES = ("causal", "leaky", "check_models.py", "leak.json", "leak.png")
+
+#: The causal check's contract needs a vocabulary of at least 4 ids: 3 distinct characters and the padding id.
+MIN_DISTINCT_CHARACTERS = 3
+
+
+def _shortest_text(settings: LMSettings) -> int:
+    """The fewest characters whose split leaves both parts longer than the context (character tokenizer)."""
+    n = settings.context + 1
+    while min(int(n * (1.0 - settings.val_fraction)), n - int(n * (1.0 - settings.val_fraction))) <= settings.context:
+        n += 1
+    return n
+
+
+def check_leak_experiment(text: str | Path, out: str | Path, settings: LMSettings = LEAK_SETTINGS, *,
+                          sample_tokens: int = 200) -> LMData:
+    """Check the settings, the ``out`` folder and the text, writing nothing; return the text's data.
+
+    Every refusal is an :class:`AttnlabError` naming the command's option or the file at fault, raised
+    before :func:`run_leak_experiment` creates or writes anything.
+    """
+    if settings.steps < 1:
+        raise AttnlabError(f"--steps must be at least 1, got {settings.steps}")
+    if sample_tokens < 1:
+        raise AttnlabError(f"--sample-tokens must be at least 1, got {sample_tokens}")
+    settings.train_config().validate()
+    out = Path(out)
+    if out.exists():
+        if not out.is_dir():
+            raise AttnlabError(f"--out {out} exists and is not a folder")
+        found = [name + ("/" if (out / name).is_dir() else "") for name in OUT_ENTRIES if (out / name).exists()]
+        if found:
+            raise AttnlabError(f"{out} already holds a leak experiment or part of one ({', '.join(found)}); "
+                               f"choose another --out, or delete {out} to run it there again")
+    data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction,
+                        bpe_vocab_size=settings.bpe_vocab_size)
+    distinct = data.tokenizer.vocab_size - 1  # the padding id is no character
+    if distinct < MIN_DISTINCT_CHARACTERS:
+        raise AttnlabError(f"{text} has only {distinct} distinct character{'s' if distinct != 1 else ''}; "
+                           f"the leak experiment needs at least {MIN_DISTINCT_CHARACTERS}")
+    if min(len(data.train), len(data.val)) <= settings.context:
+        raise AttnlabError(f"{text} is too short for the leak experiment: it holds {len(data.train) + len(data.val)} "
+                           f"characters and needs at least {_shortest_text(settings)} (its last "
+                           f"{settings.val_fraction:.0%} is held out, and each part must be longer than the "
+                           f"context of {settings.context})")
+    return data
+
+
 def run_leak_experiment(text: str | Path, out: str | Path, settings: LMSettings = LEAK_SETTINGS, *,
-                        sample_tokens: int = 200, progress: bool = False) -> LeakResult:
-    """Train both models, measure them, check them, and write ``OUT/leak.png`` and ``OUT/leak.json``."""
+                        sample_tokens: int = 200, progress: bool = False,
+                        on_start: Callable[[LMData], None] | None = None) -> LeakResult:
+    """Train both models, measure them, check them, and write ``OUT/leak.png`` and ``OUT/leak.json``.
+
+    Everything is checked first (:func:`check_leak_experiment`): a refused run creates no folder and writes
+    no file. ``on_start`` is called once the checks have passed, before training (to print what will run).
+    """
+    data = check_leak_experiment(text, out, settings, sample_tokens=sample_tokens)
     out = ensure_writable_dir(out)
-    data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction)
+    if on_start is not None:
+        on_start(data)
     # A prompt both models continue: the first line of the validation text, cut to half a context.
     tokenizer = data.tokenizer
     prompt_ids = data.val[: settings.context // 2].tolist()

@@ -49,6 +49,7 @@ from attnlab.training import TrainConfig, seed_everything
 from attnlab.training.checkpoint import (
     CONFIG,
     WEIGHTS,
+    has_checkpoint,
     ignored_on_resume,
     load_weights,
     model_config,
@@ -151,7 +152,8 @@ class LMReport:
         wall_seconds: from reading the text to the end of the final evaluation (compilation included).
         train_seconds: the engine's training time (steps and in-training evaluations, compilation included).
         tokens_per_second: training tokens over ``train_seconds``.
-        steady_tokens_per_second: median of the logged windows after the first (no warm-up or compilation).
+        steady_tokens_per_second: median of the logged windows after the first (no warm-up or compilation);
+            the overall rate when the run logged none.
         flops_per_token: model training FLOPs per token (nanoGPT's count).
         steps, tokens: optimizer steps taken and training tokens seen.
         parameters: trainable parameters.
@@ -181,11 +183,17 @@ class LMReport:
         return self.model_flops / self.peak_flops if self.peak_flops else math.nan
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "model_flops": self.model_flops, "peak_fraction": self.peak_fraction}
+        """Plain JSON types; the peak fraction of a run whose peak was not measured is null (JSON has no NaN)."""
+        fraction = self.peak_fraction if self.peak_flops else None
+        return {**asdict(self), "model_flops": self.model_flops, "peak_fraction": fraction}
 
 
-def steady_rate(metrics_path: Path) -> float:
-    """Median tokens/s of the logged windows after the first (which holds start-up and compilation)."""
+def steady_rate(metrics_path: Path, overall: float) -> float:
+    """Median tokens/s of the logged windows after the first (which holds start-up and compilation).
+
+    A run too short to log a window (or stopped by its time budget first) has no steady rate; ``overall``,
+    its tokens over its training time, stands in, so that no figure of the report is NaN.
+    """
     rates = []
     if metrics_path.exists():
         for line in metrics_path.read_text(encoding="utf-8").splitlines():
@@ -193,7 +201,7 @@ def steady_rate(metrics_path: Path) -> float:
             if "tokens_per_second" in record:
                 rates.append(record["tokens_per_second"])
     rates = rates[1:] or rates
-    return statistics.median(rates) if rates else math.nan
+    return statistics.median(rates) if rates else overall
 
 
 def build_lm(settings: LMSettings, vocab_size: int, model_class: type[DecoderLM] = DecoderLM) -> DecoderLM:
@@ -248,10 +256,22 @@ def train_language_model(
         if started_on is not None and data is None and started_on != fingerprint(text):
             raise AttnlabError(f"{text} is not the text this run started with ({run_config['data']['text']}); "
                                "resume needs the same text")
+        if not has_checkpoint(out):
+            # Killed before its first checkpoint: start again from step 0 with the saved settings, which is
+            # exactly what the uninterrupted run did (as the classifier does).
+            if is_main_process():
+                print(f"{out} has no checkpoint yet: starting the run again from step 0", file=sys.stderr)
+            resume = False
     elif is_main_process() and (Path(out) / CONFIG).exists():  # under torchrun rank 0 writes it
         raise AttnlabError(f"{out} already holds a run; continue it with --resume or choose another --out")
     config = settings.train_config(progress)
     config.validate()  # before anything is written: a bad setting leaves no half-made run
+    if settings.width % settings.heads:  # said here in the command's words, before the text is read
+        raise AttnlabError(f"--width {settings.width} is not divisible by --heads {settings.heads}: "
+                           "each head gets width / heads dimensions")
+    if settings.warmup >= settings.steps and is_main_process():  # allowed, but rarely what was meant
+        print(f"note: --warmup {settings.warmup} is not shorter than --steps {settings.steps}: the learning rate "
+              f"never reaches its peak {settings.lr:g}", file=sys.stderr)
     with torch_threads(settings.threads):  # restored afterwards: callers in the same process keep theirs
         if data is None:
             data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction,
@@ -282,7 +302,8 @@ def train_language_model(
         wall = time.perf_counter() - started
         report = LMReport(
             val_loss=val_loss, wall_seconds=wall, train_seconds=result.elapsed,
-            tokens_per_second=result.tokens_per_second, steady_tokens_per_second=steady_rate(out / "metrics.jsonl"),
+            tokens_per_second=result.tokens_per_second,
+            steady_tokens_per_second=steady_rate(out / "metrics.jsonl", result.tokens_per_second),
             flops_per_token=flops_per_token(model, settings.context), steps=result.steps,
             tokens=result.tokens, parameters=model.num_parameters(),
             settings=asdict(settings), peak_flops=measure_peak_matmul() if measure_peak else 0.0,

@@ -1,0 +1,42 @@
+"""Atomic writes: the file appears whole or not at all, with the permissions an ordinary write gives."""
+
+import os
+import stat
+
+import pytest
+
+from attnlab.files import atomic_dir, atomic_path, write_text_atomic
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def mode(path):
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_new_files_and_folders_follow_the_umask_and_replaced_files_keep_their_mode(tmp_path, umask_022):
+    write_text_atomic(tmp_path / "new.json", "{}")
+    assert mode(tmp_path / "new.json") == 0o644  # mkstemp alone would leave 0600: unreadable to others
+    private = tmp_path / "private.json"
+    private.write_text("old")
+    private.chmod(0o600)
+    write_text_atomic(private, "new")
+    assert private.read_text() == "new" and mode(private) == 0o600
+    with atomic_dir(tmp_path / "folder") as tmp:
+        (tmp / "a.txt").write_text("a")
+    assert mode(tmp_path / "folder") == 0o755 and (tmp_path / "folder" / "a.txt").read_text() == "a"
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    target = tmp_path / "keep.txt"
+    target.write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("crash mid-write")
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
