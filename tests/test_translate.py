@@ -141,6 +141,12 @@ def test_shared_embeddings_asked_for_with_separate_vocabularies_is_one_line(toy,
     assert heads.exit_code == 2 and heads.stderr == (
         "error: --d-model 32 is not divisible by --heads 3: each head gets d-model / heads dimensions\n")
     assert not (tmp_path / "r").exists()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("mine")
+    on_file = CliRunner().invoke(cli, ["train", "translate", "--train", str(toy["root"] / "train"), "--valid",
+                                       str(toy["root"] / "valid"), "--src", "xx", "--tgt", "yy", "--out", str(blocker)])
+    assert on_file.exit_code == 2 and on_file.stderr == f"error: {blocker} exists and is not a folder; --out names the run folder\n"
+    assert blocker.read_text() == "mine"
 
 
 def test_eval_of_empty_files_is_one_line(toy, tmp_path):

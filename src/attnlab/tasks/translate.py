@@ -311,6 +311,8 @@ def train_translation(
     out = Path(out)
     config = train_config or TrainConfig(**RECIPE_TRAIN)
     config.validate()  # before anything is written: a bad setting leaves no half-made run
+    if out.exists() and not out.is_dir():  # said now, not after the BPE training
+        raise AttnlabError(f"{out} exists and is not a folder; --out names the run folder")
     if resume:
         run_cfg = read_run_config(out, TASK)
         saved = TranslateSettings.from_dict(run_cfg["settings"])
