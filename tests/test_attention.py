@@ -1,11 +1,17 @@
 """Scaled dot-product and multi-head attention: seed 000's example, fused = reference, the mask contract."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.nn import (
+    DecoderLayer,
+    EncoderLayer,
+    FeedForward,
+    KVCache,
     MultiHeadAttention,
     attention_reference,
     causal_mask,
@@ -85,3 +91,131 @@ def test_cross_attention_shapes():
         out, weights = mha(x, memory, attend_mask=padding_mask(torch.tensor([[1, 1, 1, 1, 0]] * 2)), need_weights=True)
     assert out.shape == (2, 3, 8) and weights.shape == (2, 2, 3, 5)
     assert float(weights[..., -1].abs().sum()) == 0.0
+
+
+# Bad input: one AttnlabError naming the problem and the shapes, never silent broadcasting or a torch error.
+
+
+@pytest.mark.parametrize("need_weights", [False, True])  # fused path and reference path
+def test_q_k_v_leading_dims_must_be_equal_not_broadcast(need_weights):
+    q = torch.randn(1, 2, 4, 8)
+    for k_shape in [(3, 2, 5, 8), (1, 3, 5, 8)]:  # batch 1 vs 3, heads 2 vs 3
+        k = v = torch.randn(k_shape)
+        with pytest.raises(AttnlabError, match=re.escape(f"same leading dims (batch, heads), got q (1, 2, 4, 8), k {k_shape}")):
+            scaled_dot_product_attention(q, k, v, need_weights=need_weights)
+    # Queries fewer than keys (KV-cache decoding) and masks of batch 1 / heads 1 stay valid.
+    k = v = torch.randn(3, 2, 5, 8)
+    out, _ = scaled_dot_product_attention(torch.randn(3, 2, 1, 8), k, v, attend_mask=torch.ones(1, 1, 1, 5, dtype=torch.bool),
+                                          need_weights=need_weights)
+    assert out.shape == (3, 2, 1, 8)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_keys_and_values_of_different_lengths_are_one_error_on_both_paths(need_weights):
+    q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 6, 8)
+    shapes = "q (1, 2, 4, 8), k (1, 2, 5, 8), v (1, 2, 6, 8)"
+    with pytest.raises(AttnlabError, match=re.escape(f"k and v must have the same number of positions (keys), got {shapes}")):
+        scaled_dot_product_attention(q, k, v, need_weights=need_weights)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_queries_and_keys_of_different_widths_are_an_error(need_weights):
+    q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 5, 6), torch.randn(1, 2, 5, 8)
+    with pytest.raises(AttnlabError, match=r"q and k must have the same width d_k"):
+        scaled_dot_product_attention(q, k, v, need_weights=need_weights)
+
+
+def test_attention_reference_checks_shapes_too():
+    with pytest.raises(AttnlabError, match="same leading dims"):
+        attention_reference(torch.randn(1, 4, 8), torch.randn(3, 5, 8), torch.randn(3, 5, 8))
+
+
+def test_cross_attention_batch_mismatch_is_an_error_not_a_broadcast():
+    x, memory = torch.randn(1, 4, 16), torch.randn(3, 5, 16)
+    with pytest.raises(AttnlabError, match="x has batch 1 but memory has batch 3"):
+        MultiHeadAttention(16, 2)(x, memory)
+    with pytest.raises(AttnlabError, match="x has batch 1 but memory has batch 2"):
+        DecoderLayer(16, 2, 32)(x, torch.randn(2, 5, 16))
+    # Equal batches, a (1, 1, 1, src) mask that broadcasts, and a cached decoding step still work.
+    layer = DecoderLayer(16, 2, 32).eval()
+    memory = torch.randn(3, 5, 16)
+    with torch.no_grad():
+        out, _, _ = layer(torch.randn(3, 4, 16), memory, memory_attend_mask=torch.ones(1, 1, 1, 5, dtype=torch.bool))
+        assert out.shape == (3, 4, 16)
+        self_cache, memory_cache = KVCache(), KVCache()
+        for _ in range(2):
+            out, _, _ = layer(torch.randn(3, 1, 16), memory, self_cache=self_cache, memory_cache=memory_cache)
+    assert out.shape == (3, 1, 16) and len(self_cache) == 2 and len(memory_cache) == 5
+
+
+@pytest.mark.parametrize("make", [
+    lambda: MultiHeadAttention(16, 2),
+    lambda: EncoderLayer(16, 2, 32),
+    lambda: EncoderLayer(16, 2, 32, norm_first=True),
+])
+def test_unbatched_input_is_refused(make):
+    with pytest.raises(AttnlabError, match=re.escape("x must be (batch, seq, d_model), got shape (4, 16)")):
+        make()(torch.randn(4, 16))
+
+
+def test_a_mask_passed_positionally_as_memory_is_named():
+    mha = MultiHeadAttention(16, 2)
+    x = torch.randn(1, 4, 16)
+    with pytest.raises(AttnlabError, match=r"memory is a bool tensor .*masks are keyword-only, pass it as attend_mask="):
+        mha(x, causal_mask(4))
+    with pytest.raises(AttnlabError, match=re.escape("memory must be (batch, keys, d_model), got shape (5, 16)")):
+        mha(x, torch.randn(5, 16))
+    with pytest.raises(AttnlabError, match="memory must be a floating tensor"):
+        mha(x, torch.ones(1, 5, 16, dtype=torch.long))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: MultiHeadAttention(16, 4),
+    lambda: EncoderLayer(16, 4, 32),
+    lambda: EncoderLayer(16, 4, 32, norm_first=True),  # the LayerNorm would see the wrong width first
+])
+def test_wrong_input_width_is_named(make):
+    with pytest.raises(AttnlabError, match="x has width 15, the layer expects d_model=16"):
+        make()(torch.randn(2, 4, 15))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_wrong_memory_width_is_named(norm_first):
+    layer = DecoderLayer(16, 4, 32, norm_first=norm_first)
+    with pytest.raises(AttnlabError, match="memory has width 12, the layer expects d_model=16"):
+        layer(torch.randn(2, 4, 16), torch.randn(2, 5, 12))
+    with pytest.raises(AttnlabError, match="x has width 15, the layer expects d_model=16"):
+        layer(torch.randn(2, 4, 15), torch.randn(2, 5, 16))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: MultiHeadAttention(16, 0),
+    lambda: EncoderLayer(16, 0, 32),
+    lambda: DecoderLayer(16, 0, 32),
+])
+def test_zero_heads_is_an_error(make):
+    with pytest.raises(AttnlabError, match="num_heads must be >= 1, got 0"):
+        make()
+
+
+def test_unknown_activation_is_named():
+    for make in (lambda: FeedForward(16, 32, activation="silu"), lambda: EncoderLayer(16, 2, 32, activation="silu")):
+        with pytest.raises(AttnlabError, match="unknown activation 'silu'; use relu or gelu"):
+            make()
+    assert isinstance(FeedForward(16, 32, activation="gelu").activation, torch.nn.GELU)
+
+
+def test_docs_match_dropout_weights_and_per_head_masks():
+    # With dropout the weights returned are the dropped-out ones, as the docstring says.
+    torch.manual_seed(0)
+    q = k = v = torch.randn(1, 2, 6, 8)
+    _, weights = attention_reference(q, k, v, dropout_p=0.5)
+    assert (weights == 0).any() and not torch.allclose(weights.sum(-1), torch.ones(1, 2, 6))
+    assert "after dropout" in attention_reference.__doc__
+    # An encoder layer takes a mask with heads in axis 1, as its docstring and MultiHeadAttention's say.
+    per_head = torch.rand(1, 2, 4, 4) > 0.3
+    per_head[..., 0] = True
+    with torch.no_grad():
+        out, w = EncoderLayer(16, 2, 32).eval()(torch.randn(3, 4, 16), attend_mask=per_head, need_weights=True)
+    assert out.shape == (3, 4, 16) and float(w.masked_select(~per_head.expand(3, -1, -1, -1)).abs().sum()) == 0.0
+    assert "(batch or 1, heads or 1, seq or 1, keys)" in EncoderLayer.forward.__doc__

@@ -18,6 +18,8 @@ from attnlab.nn import (
     to_hf_attention_mask,
     to_key_padding_mask,
 )
+from attnlab.nn.attention import MultiHeadAttention
+from attnlab.nn.masks import from_hf_attention_mask, from_key_padding_mask, from_torch_attn_mask
 
 X = torch.tensor([[7.0, 6.0, 0.0, 0.0, 1.0], [1.0, 2.0, 3.0, 0.0, 0.0], [0.0, 0.0, 0.0, 4.0, 5.0]])
 
@@ -88,3 +90,132 @@ def test_converters_to_other_libraries_round_trip():
     assert torch.equal(from_hide_mask(kpm)[:, None, None], attend)
     assert torch.equal(to_hf_attention_mask(attend), torch.tensor([[1, 1, 0], [1, 0, 0]]))
     assert torch.equal(from_additive_mask(to_additive_mask(attend)), attend)
+
+
+# The libraries' masks, written out in their own conventions, for two sequences of 4 and 2 real tokens.
+IDS = torch.tensor([[3, 4, 5, 6], [7, 8, 0, 0]])
+HF_ATTENTION_MASK = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])  # Hugging Face: (batch, keys), 1 = keep
+KEY_PADDING_MASK = torch.tensor([[False] * 4, [False, False, True, True]])  # torch: (batch, keys), True = hide
+
+
+def _torch_causal_masks(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's two causal ``attn_mask`` forms: bool (True = not allowed) and float (0 / -inf)."""
+    return torch.ones(n, n, dtype=torch.bool).triu(1), torch.nn.Transformer.generate_square_subsequent_mask(n)
+
+
+def test_from_additive_mask_refuses_bool_and_integer_masks():
+    # torch's bool attn_mask (True = not allowed): compared with -1e4 every cell was True, the mask gone.
+    with pytest.raises(AttnlabError, match="torch.bool.*from_hide_mask"):
+        from_additive_mask(~causal_mask(4)[0, 0])
+    with pytest.raises(AttnlabError, match="torch.int64.*from_keep_mask"):
+        from_additive_mask(HF_ATTENTION_MASK)
+
+
+def test_from_additive_mask_refuses_zero_one_floats_and_soft_biases():
+    with pytest.raises(AttnlabError, match="looks like a 0/1 mask"):
+        from_additive_mask(HF_ATTENTION_MASK.float())  # would hide nothing
+    with pytest.raises(AttnlabError, match="no bool equivalent"):
+        from_additive_mask(torch.tensor([0.0, -0.5, -1.0]))  # an ALiBi-like bias
+    with pytest.raises(AttnlabError, match="nan"):
+        from_additive_mask(torch.tensor([0.0, float("nan")]))
+    # Every usual way of writing "hidden" still converts: -inf, -1e9, -1e4, the dtype's minimum.
+    for hidden in (float("-inf"), -1e9, -1e4, torch.finfo(torch.float16).min):
+        converted = from_additive_mask(torch.tensor([0.0, hidden], dtype=torch.float16))
+        assert torch.equal(converted, torch.tensor([True, False]))
+
+
+@pytest.mark.parametrize("convert", [from_keep_mask, from_hide_mask])
+def test_zero_one_converters_refuse_additive_masks(convert):
+    # 0/-inf read as "1 = keep" is exactly inverted; read as "1 = hide" the -inf cells are kept.
+    with pytest.raises(AttnlabError, match="looks like an additive mask.*from_additive_mask"):
+        convert(to_additive_mask(causal_mask(4)))
+    with pytest.raises(AttnlabError, match="0s and 1s.*2"):
+        convert(torch.tensor([[0, 1, 2]]))
+
+
+def test_zero_one_converters_take_bool_int_and_float_and_keep_the_shape():
+    for keep in (HF_ATTENTION_MASK, HF_ATTENTION_MASK.bool(), HF_ATTENTION_MASK.float()):
+        assert torch.equal(from_keep_mask(keep), HF_ATTENTION_MASK == 1)
+        assert torch.equal(from_hide_mask(1 - keep.long()), HF_ATTENTION_MASK == 1)
+    assert from_keep_mask(torch.ones(1, 3)).shape == (1, 3)  # seed 000's (1, 3) mask for (1, 3) scores
+
+
+def test_hf_attention_mask_round_trips_through_an_attend_mask():
+    attend = from_hf_attention_mask(HF_ATTENTION_MASK)
+    assert attend.shape == (2, 1, 1, 4) and torch.equal(attend, padding_mask(IDS))
+    assert torch.equal(to_hf_attention_mask(attend), HF_ATTENTION_MASK)
+
+
+def test_key_padding_mask_round_trips_through_an_attend_mask():
+    attend = from_key_padding_mask(KEY_PADDING_MASK)
+    assert attend.shape == (2, 1, 1, 4) and torch.equal(attend, padding_mask(IDS))
+    assert torch.equal(to_key_padding_mask(attend), KEY_PADDING_MASK)
+    # torch adds a float key_padding_mask to the scores, so a float one is read as additive.
+    additive = torch.zeros(2, 4).masked_fill(KEY_PADDING_MASK, float("-inf"))
+    assert torch.equal(from_key_padding_mask(additive), attend)
+
+
+def test_padding_converters_refuse_other_ranks_and_conventions():
+    with pytest.raises(AttnlabError, match=r"\(batch, keys\), got shape \(2, 1, 1, 4\)"):
+        from_hf_attention_mask(padding_mask(IDS))
+    with pytest.raises(AttnlabError, match="torch.int64"):
+        from_key_padding_mask(KEY_PADDING_MASK.long())  # torch itself refuses integer masks
+    with pytest.raises(AttnlabError, match="looks like a 0/1 mask.*from_hide_mask"):
+        from_key_padding_mask(KEY_PADDING_MASK.float())  # seed 003's float "1 = hide": torch would add it
+
+
+def test_converted_library_masks_work_in_multi_head_attention():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 2).eval()
+    x = torch.randn(2, 4, 8)
+    expected, _ = mha(x, attend_mask=padding_mask(IDS))
+    for attend in (from_hf_attention_mask(HF_ATTENTION_MASK), from_key_padding_mask(KEY_PADDING_MASK)):
+        assert torch.equal(mha(x, attend_mask=attend)[0], expected)
+    causal, _ = mha(x, attend_mask=causal_mask(4))
+    for torch_mask in _torch_causal_masks(4):
+        assert torch.equal(mha(x, attend_mask=from_torch_attn_mask(torch_mask))[0], causal)
+
+
+def test_torch_bool_and_float_causal_attn_masks_become_causal_mask():
+    for torch_mask in _torch_causal_masks(5):
+        assert torch.equal(from_torch_attn_mask(torch_mask), causal_mask(5))
+    bool_mask, float_mask = _torch_causal_masks(5)
+    assert torch.equal(from_hide_mask(bool_mask)[None, None], causal_mask(5))  # values-only converters agree
+    assert torch.equal(from_additive_mask(float_mask)[None, None], causal_mask(5))
+
+
+def test_conversions_read_torch_masks_as_torch_does():
+    # torch's own attention gives exactly zero weight where our converted masks say False, per head.
+    torch.manual_seed(0)
+    batch, heads, n = 2, 2, 4
+    torch_mha = torch.nn.MultiheadAttention(8, heads, batch_first=True).eval()
+    x = torch.randn(batch, n, 8)
+    per_head = torch.rand(batch * heads, n, n) < 0.5
+    per_head[..., 0] = False  # key 0 always allowed, so no row is fully hidden (torch gives NaN there)
+    _, weights = torch_mha(x, x, x, key_padding_mask=KEY_PADDING_MASK, attn_mask=per_head, average_attn_weights=False)
+    attend = from_key_padding_mask(KEY_PADDING_MASK) & from_torch_attn_mask(per_head, num_heads=heads)
+    assert attend.shape == (batch, heads, n, n)
+    assert torch.equal(weights != 0, attend)
+
+
+def test_torch_attn_mask_needs_num_heads_for_a_per_head_mask():
+    with pytest.raises(AttnlabError, match="num_heads=None"):
+        from_torch_attn_mask(torch.zeros(4, 3, 3, dtype=torch.bool))
+    with pytest.raises(AttnlabError, match="must divide 4"):
+        from_torch_attn_mask(torch.zeros(4, 3, 3, dtype=torch.bool), num_heads=3)
+    with pytest.raises(AttnlabError, match="from_key_padding_mask"):
+        from_torch_attn_mask(torch.zeros(4, dtype=torch.bool))
+
+
+def test_a_two_d_padding_mask_in_attention_points_to_the_converters():
+    mha = MultiHeadAttention(8, 2)
+    with pytest.raises(AttnlabError, match="rank.*from_hf_attention_mask or from_key_padding_mask"):
+        mha(torch.randn(2, 4, 8), attend_mask=from_keep_mask(HF_ATTENTION_MASK))
+
+
+def test_converters_back_out_refuse_masks_that_are_not_bool():
+    # ~ on an integer mask is a bitwise not (1 -> -2): the result would be garbled, not inverted.
+    with pytest.raises(AttnlabError, match="to_key_padding_mask takes an attend mask"):
+        to_key_padding_mask(padding_mask(IDS).long())
+    with pytest.raises(AttnlabError, match="to_additive_mask takes an attend mask"):
+        to_additive_mask(causal_mask(3).float())

@@ -163,6 +163,50 @@ def test_wrong_mask_to_a_stack_is_an_error():
         enc(ids, attend_mask=padding_mask(ids).float())
 
 
+def test_ids_of_the_wrong_rank_or_type_are_named_before_torch_sees_them():
+    lm = DecoderLM(20, 16, 1, 2, max_positions=8)
+    with pytest.raises(AttnlabError, match=r"must be \(batch, seq\), got shape \(3,\)"):
+        lm(torch.tensor([1, 2, 3]))
+    with pytest.raises(AttnlabError, match=r"got shape \(2, 3, 4\)"):
+        Encoder(20, 16, 1, 2, 32, max_positions=8)(torch.ones(2, 3, 4, dtype=torch.long))
+    for dtype in (torch.int16, torch.uint8):  # nn.Embedding takes int64 and int32 only
+        with pytest.raises(AttnlabError, match="integer tensor"):
+            lm(torch.tensor([[1, 2, 3]], dtype=dtype))
+    assert lm(torch.tensor([[1, 2, 3]], dtype=torch.int32)).shape == (1, 3, 20)
+
+
+def test_caches_must_match_the_layers_and_the_batch():
+    lm = DecoderLM(20, 16, 2, 2, max_positions=8).eval()
+    with pytest.raises(AttnlabError, match="caches has 1 entries, the stack has 2 layers"):
+        lm(torch.tensor([[1, 2]]), caches=lm.new_caches()[:1])
+    caches = lm.new_caches()
+    lm(torch.tensor([[1, 2]]), caches=caches)  # a prompt of batch 1...
+    with pytest.raises(AttnlabError, match="the caches hold a batch of 1, but the ids have a batch of 2"):
+        lm(torch.tensor([[3], [4]]), caches=caches)  # ...continued with a batch of 2
+
+
+def test_padding_cannot_enter_a_cache_and_pad_ids_must_be_real_ids():
+    lm = DecoderLM(20, 16, 1, 2, max_positions=8, pad_id=0).eval()
+    with pytest.raises(AttnlabError, match="padding id 0, which cached decoding cannot mask"):
+        lm(torch.tensor([[5, 6, 0]]), caches=lm.new_caches())
+    assert lm(torch.tensor([[5, 6, 0]])).shape == (1, 3, 20)  # without caches the padding is masked
+    for bad in (None, 20, -1):
+        with pytest.raises(AttnlabError, match="pad_id must be an id of both vocabularies"):
+            Transformer(12, 15, 16, 1, 2, 32, pad_id=bad)
+    with pytest.raises(AttnlabError, match="pad_id must be None or an id of the vocabulary"):
+        DecoderLM(20, 16, 1, 2, pad_id=20)
+
+
+def test_source_and_target_batches_must_agree():
+    model = Transformer(12, 15, 16, 1, 2, 32).eval()
+    src, tgt = torch.tensor([[3, 4, 5, 0]]), torch.tensor([[1, 2, 3], [1, 4, 5]])
+    with pytest.raises(AttnlabError, match="src has batch 1 but tgt has batch 2"):
+        model(src, tgt)  # would otherwise decode both targets against source row 0
+    memory, mask = model.encode(src)
+    with pytest.raises(TypeError):  # the memory mask is keyword-only, like every mask
+        model.decode(tgt[:1], memory, mask)
+
+
 def test_lm_cache_gives_the_same_logits_as_recomputing():
     torch.manual_seed(0)
     for positions in ("learned", "sinusoidal", "rotary"):
@@ -206,9 +250,9 @@ def test_transformer_cached_decoding_matches_full_decoding():
     model = Transformer(30, 30, 32, 2, 4, 64, dropout=0.0).eval()
     src, tgt = torch.tensor([[4, 5, 6, 0]]), torch.tensor([[1, 7, 8, 9]])
     memory, memory_mask = model.encode(src)
-    full, _ = model.decode(tgt, memory, memory_mask)
+    full, _ = model.decode(tgt, memory, memory_attend_mask=memory_mask)
     caches = model.new_caches()
-    steps = [model.decode(tgt[:, t : t + 1], memory, memory_mask, caches=caches)[0] for t in range(4)]
+    steps = [model.decode(tgt[:, t : t + 1], memory, memory_attend_mask=memory_mask, caches=caches)[0] for t in range(4)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
 
 

@@ -280,3 +280,14 @@ def test_ema_decay_outside_zero_one_is_rejected_before_a_run_folder_is_made(tmp_
         assert result.exit_code == 2, result.output
         assert result.output.strip().splitlines()[-1].startswith("error: the EMA decay"), result.output
         assert not out.exists()  # nothing half-made to trip over on the next try
+
+
+def test_weights_of_another_shape_name_the_tensor_and_both_shapes(tmp_path):
+    save_weights(DecoderLM(20, 16, 1, 2, max_positions=8), tmp_path / "w.safetensors")
+    wider = DecoderLM(20, 32, 1, 2, max_positions=8)
+    with pytest.raises(AttnlabError, match=r"does not match the model: body\.embed\.\w+\.(\w+\.)?weight is \(\d+, 16\) "
+                                           r"in the file, \(\d+, 32\) in the model \(and \d+ more\)"):
+        load_weights(wider, tmp_path / "w.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file at all")
+    with pytest.raises(AttnlabError, match="is not a readable safetensors file"):
+        load_weights(wider, tmp_path / "junk.safetensors")

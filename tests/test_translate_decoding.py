@@ -74,7 +74,7 @@ def test_cross_attention_ignores_source_padding_content_with_different_target_le
     garbage[src == PAD_ID] = 29  # what sits in the padded slots must not matter...
     mask = (src != PAD_ID)[:, None, None, :]
     memory, _ = m.encoder(garbage, attend_mask=mask)
-    other, _ = m.decode(tgt, memory, mask)  # ...when the mask comes from the source ids
+    other, _ = m.decode(tgt, memory, memory_attend_mask=mask)  # ...when the mask comes from the source ids
     torch.testing.assert_close(other, logits)
     cross = weights["decoder_layer2_block2_decenc_att"]  # (batch, heads, tgt 10, src 7)
     assert cross.shape == (4, 4, 10, 7)

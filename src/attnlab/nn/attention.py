@@ -9,6 +9,10 @@ mask marks ``False``. Two implementations give the same output:
 
 A query row whose keys are *all* hidden (a padding query under causal-plus-padding masking) would be
 ``softmax`` of all ``-inf``, i.e. 0/0 = NaN. Both paths give such a row zero weight and a zero output.
+
+Shapes are checked before any arithmetic: ``q``, ``k`` and ``v`` must have *equal* leading dims (batch,
+heads), not merely broadcastable ones, because a batch of 1 broadcast against a batch of 3 would silently
+pair one query sequence with three unrelated key sequences and still return a tensor of plausible shape.
 """
 
 from __future__ import annotations
@@ -41,6 +45,30 @@ def masked_softmax(scores: Tensor, *, attend_mask: Tensor | None = None) -> Tens
     return weights.masked_fill(~attend_mask.any(dim=-1, keepdim=True), 0.0)
 
 
+def _shapes(q: Tensor, k: Tensor, v: Tensor) -> str:
+    return f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+
+
+def check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """Raise :class:`AttnlabError` unless ``q`` (..., queries, d_k), ``k`` (..., keys, d_k) and
+    ``v`` (..., keys, d_v) fit together.
+
+    Only shapes are compared (Python tuples, no work on the elements), so the fused path stays fast.
+    Queries and keys may differ in number (a KV cache gives one new query and many keys).
+    """
+    if not q.dim() == k.dim() == v.dim() >= 2:
+        raise AttnlabError(f"q, k and v must have one rank, at least 2 (..., positions, width), got {_shapes(q, k, v)}")
+    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        raise AttnlabError(
+            f"q, k and v must have the same leading dims (batch, heads), got {_shapes(q, k, v)}; "
+            "they are not broadcast, which would pair queries with another sequence's keys"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise AttnlabError(f"q and k must have the same width d_k (last dim), got {_shapes(q, k, v)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise AttnlabError(f"k and v must have the same number of positions (keys), got {_shapes(q, k, v)}")
+
+
 def attention_reference(
     q: Tensor, k: Tensor, v: Tensor, *, attend_mask: Tensor | None = None, dropout_p: float = 0.0
 ) -> tuple[Tensor, Tensor]:
@@ -54,9 +82,16 @@ def attention_reference(
         dropout_p: dropout on the weights (pass 0 outside training).
 
     Returns:
-        output (..., queries, d_v) and weights (..., queries, keys); each visible row of weights sums
-        to 1 and a fully hidden row is all zeros.
+        output (..., queries, d_v) and weights (..., queries, keys). Without dropout each visible row of
+        weights sums to 1 and a fully hidden row is all zeros. With ``dropout_p > 0`` the weights returned
+        are the ones the output was computed from, i.e. after dropout (as in torch): some entries are
+        zeroed, the rest scaled by ``1 / (1 - dropout_p)``, so rows no longer sum to 1.
+
+    Raises:
+        AttnlabError: if the shapes of ``q``, ``k`` and ``v`` do not fit (see :func:`check_qkv`) or the
+            mask is not a valid attend mask for the scores.
     """
+    check_qkv(q, k, v)
     # Dividing by sqrt(d_k) brings the scores back to unit variance so the softmax does not saturate.
     scores = q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])  # (..., Q, K)
     weights = masked_softmax(scores, attend_mask=attend_mask)
@@ -76,16 +111,57 @@ def scaled_dot_product_attention(
 ) -> tuple[Tensor, Tensor | None]:
     """Attention through the fused kernel, or the reference when ``need_weights`` is set.
 
-    Shapes as in :func:`attention_reference`. Returns ``(output, weights or None)``.
+    Shapes as in :func:`attention_reference`, checked the same way on both paths (the fused kernel
+    would broadcast a batch of 1, and with keys and values of different lengths returns garbage).
+    Returns ``(output, weights or None)``.
     """
     if need_weights:
-        return attention_reference(q, k, v, attend_mask=attend_mask, dropout_p=dropout_p)
+        return attention_reference(q, k, v, attend_mask=attend_mask, dropout_p=dropout_p)  # checks there
+    check_qkv(q, k, v)
     if attend_mask is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
     check_attend_mask(attend_mask, (*q.shape[:-1], k.shape[-2]))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attend_mask, dropout_p=dropout_p)
     # The fused kernels do not agree on fully hidden rows (NaN on some backends): make them zero.
     return out.masked_fill(~attend_mask.any(dim=-1, keepdim=True), 0.0), None
+
+
+def _check_states(name: str, t: Tensor, positions: str, d_model: int) -> None:
+    """``t`` must be a floating (batch, positions, d_model) tensor."""
+    if not isinstance(t, Tensor):
+        raise AttnlabError(f"{name} must be a torch.Tensor (batch, {positions}, d_model), got {type(t).__name__}")
+    if t.dtype == torch.bool:  # the likeliest way here: mha(x, mask) binds the mask to memory
+        raise AttnlabError(
+            f"{name} is a bool tensor of shape {tuple(t.shape)}: masks are keyword-only, pass it as attend_mask=..."
+        )
+    if not t.is_floating_point():
+        raise AttnlabError(f"{name} must be a floating tensor (batch, {positions}, d_model), got {t.dtype}")
+    if t.dim() != 3:
+        raise AttnlabError(f"{name} must be (batch, {positions}, d_model), got shape {tuple(t.shape)}")
+    if t.shape[-1] != d_model:
+        raise AttnlabError(
+            f"{name} has width {t.shape[-1]}, the layer expects d_model={d_model} (shape {tuple(t.shape)})"
+        )
+
+
+def check_attention_inputs(x: Tensor, memory: Tensor | None, d_model: int) -> None:
+    """Raise :class:`AttnlabError` unless ``x`` (batch, queries, d_model) and ``memory`` (batch, keys, d_model)
+    or None are what :class:`MultiHeadAttention` takes.
+
+    Without these checks torch either fails deep inside ``F.linear`` ("mat1 and mat2 shapes cannot be
+    multiplied", or a dtype message when a bool mask lands on ``memory``), or silently does the wrong
+    thing: an unbatched (seq, d_model) ``x`` gets its seq axis taken for the batch and attends across
+    heads, and a memory of batch 3 is broadcast against queries of batch 1. Shapes only, no element work.
+    """
+    _check_states("x", x, "seq", d_model)
+    if memory is None:
+        return
+    _check_states("memory", memory, "keys", d_model)
+    if memory.shape[0] != x.shape[0]:
+        raise AttnlabError(
+            f"x has batch {x.shape[0]} but memory has batch {memory.shape[0]} "
+            f"(x {tuple(x.shape)}, memory {tuple(memory.shape)}); row i of x attends to row i of memory"
+        )
 
 
 class KVCache:
@@ -133,6 +209,10 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the attention weights during training.
         bias: whether the four projections have biases (they do in the paper and the seeds).
         rotary: optional rotary embedding applied to queries and keys (self-attention only).
+
+    Inputs are batched only: an unbatched (seq, d_model) ``x`` is refused, because the head split
+    assumes a batch axis; without one, seq would be taken for the batch and the attention would run
+    across each position's head features instead of across positions.
     """
 
     def __init__(
@@ -146,6 +226,10 @@ class MultiHeadAttention(nn.Module):
         rotary: RotaryEmbedding | None = None,
     ) -> None:
         super().__init__()
+        if num_heads < 1:
+            raise AttnlabError(f"num_heads must be >= 1, got {num_heads}")
+        if head_dim is not None and head_dim < 1:
+            raise AttnlabError(f"head_dim must be >= 1, got {head_dim}")
         if head_dim is None:
             if d_model % num_heads:
                 raise AttnlabError(
@@ -153,7 +237,7 @@ class MultiHeadAttention(nn.Module):
                     "choose another head count or pass head_dim explicitly"
                 )
             head_dim = d_model // num_heads
-        self.num_heads, self.head_dim, self.dropout = num_heads, head_dim, dropout
+        self.d_model, self.num_heads, self.head_dim, self.dropout = d_model, num_heads, head_dim, dropout
         inner = num_heads * head_dim
         # W_Q, W_K and W_V stacked in one (3 * inner, d_model) matrix, as torch's nn.MultiheadAttention
         # does: self-attention projects q, k and v in one matmul, cross-attention k and v in one.
@@ -194,7 +278,13 @@ class MultiHeadAttention(nn.Module):
 
         Returns:
             output (batch, queries, d_model) and weights (batch, heads, queries, keys) or None.
+
+        Raises:
+            AttnlabError: if ``x`` or ``memory`` is not a floating (batch, positions, d_model) tensor
+                (a bool ``memory`` is a mask passed by position), their batches differ, or the mask does
+                not fit the scores (see :func:`check_attention_inputs`).
         """
+        check_attention_inputs(x, memory, self.d_model)
         if memory is None:  # self-attention: q, k and v from one matmul, faster than three
             q, k, v = self._project(x, 0, 3)
             if self.rotary is not None:

@@ -15,8 +15,12 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from attnlab.nn.attention import KVCache, MultiHeadAttention
+from attnlab.errors import AttnlabError
+from attnlab.nn.attention import KVCache, MultiHeadAttention, check_attention_inputs
 from attnlab.nn.positions import RotaryEmbedding
+
+#: The feed-forward activations by name: ReLU in the paper, GELU in GPT-2 and BERT.
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU}
 
 
 class FeedForward(nn.Module):
@@ -27,8 +31,10 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu", bias: bool = True) -> None:
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise AttnlabError(f"unknown activation {activation!r}; use {' or '.join(ACTIVATIONS)}")
         self.up = nn.Linear(d_model, d_ff, bias=bias)
-        self.activation = {"relu": nn.ReLU(), "gelu": nn.GELU()}[activation]
+        self.activation = ACTIVATIONS[activation]()
         self.down = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -97,8 +103,12 @@ class EncoderLayer(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """(batch, seq, d_model) -> (batch, seq, d_model), and the self-attention weights if asked.
 
-        ``attend_mask``: (batch or 1, 1, seq or 1, keys) bool, True = may attend.
+        ``attend_mask``: (batch or 1, heads or 1, seq or 1, keys) bool, True = may attend; keys is seq,
+        or the cached positions plus seq when decoding with ``cache``.
         """
+        # Checked here as well as in the attention: with norm_first the LayerNorm sees x first and would
+        # fail inside torch on a wrong width.
+        check_attention_inputs(x, None, self.self_attn.d_model)
         weights: Tensor | None = None
 
         def attend(h: Tensor) -> Tensor:
@@ -156,8 +166,10 @@ class DecoderLayer(nn.Module):
         Args:
             x: (batch, tgt, d_model) target-side states.
             memory: (batch, src, d_model) encoder output.
-            self_attend_mask: (batch or 1, 1, tgt, tgt) bool.
-            memory_attend_mask: (batch, 1, 1, src) bool, from the source ids.
+            self_attend_mask: (batch or 1, heads or 1, tgt or 1, keys) bool, usually causal plus target
+                padding; keys is tgt, or the cached positions plus tgt when decoding with ``self_cache``.
+            memory_attend_mask: (batch or 1, heads or 1, tgt or 1, src) bool, usually the
+                (batch, 1, 1, src) padding mask of the source ids.
             need_weights: also return both attention weight tensors.
             self_cache, memory_cache: caches for incremental decoding.
 
@@ -165,6 +177,10 @@ class DecoderLayer(nn.Module):
             (batch, tgt, d_model), self-attention weights (batch, heads, tgt, tgt) and cross-attention
             weights (batch, heads, tgt, src), the weights None unless asked for.
         """
+        # Up front, before the self-attention runs: with norm_first the LayerNorm sees x first and would
+        # fail inside torch on a wrong width, and a memory of the wrong batch would only be noticed after
+        # the self-attention block had been computed.
+        check_attention_inputs(x, memory, self.self_attn.d_model)
         self_w: Tensor | None = None
         cross_w: Tensor | None = None
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from attnlab.errors import AttnlabError
 from attnlab.nn.attention import KVCache
 from attnlab.nn.masks import cached_causal_mask, causal_mask, decoder_self_mask, padding_mask
-from attnlab.nn.stacks import Decoder, Encoder, PositionKind
+from attnlab.nn.stacks import Decoder, Encoder, PositionKind, check_id_batch
 
 
 class _Model(nn.Module):
@@ -79,6 +79,10 @@ class Transformer(_Model):
     ) -> None:
         super().__init__()
         self.config = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        if not isinstance(pad_id, int) or not 0 <= pad_id < min(src_vocab_size, tgt_vocab_size):
+            # Both sides are padded with it; an id no token can take would silently mask nothing.
+            raise AttnlabError(f"pad_id must be an id of both vocabularies (0..{min(src_vocab_size, tgt_vocab_size) - 1}),"
+                               f" got {pad_id!r}")
         self.pad_id = pad_id
         common = dict(dropout=dropout, head_dim=head_dim, norm_first=norm_first, eps=eps, positions=positions)
         self.encoder = Encoder(src_vocab_size, d_model, num_layers, num_heads, d_ff, max_positions=max_src_positions, **common)
@@ -104,8 +108,8 @@ class Transformer(_Model):
         self,
         tgt: Tensor,
         memory: Tensor,
-        memory_attend_mask: Tensor,
         *,
+        memory_attend_mask: Tensor,
         need_weights: bool = False,
         caches: list[tuple[KVCache, KVCache]] | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -132,10 +136,16 @@ class Transformer(_Model):
     def forward(self, src: Tensor, tgt: Tensor, *, return_attention: bool = False) -> Tensor | tuple[Tensor, dict[str, Tensor]]:
         """(batch, src) and (batch, tgt) ids -> logits (batch, tgt, tgt_vocab).
 
-        With ``return_attention=True`` also returns the decoder's attention weights by seed 000's names.
+        With ``return_attention=True`` also returns the decoder's attention weights by seed 000's names
+        (self- and cross-attention of every layer). The encoder's self-attention weights are a list, one
+        (batch, heads, src, src) tensor a layer: ``model.encoder(src, attend_mask=padding_mask(src,
+        model.pad_id), need_weights=True)[1]``.
         """
+        if src.dim() == tgt.dim() == 2 and src.shape[0] != tgt.shape[0]:  # cross-attention would broadcast
+            raise AttnlabError(f"src has batch {src.shape[0]} but tgt has batch {tgt.shape[0]}; each target row "
+                               "is decoded against the source row of the same index")
         memory, memory_mask = self.encode(src)
-        logits, weights = self.decode(tgt, memory, memory_mask, need_weights=return_attention)
+        logits, weights = self.decode(tgt, memory, memory_attend_mask=memory_mask, need_weights=return_attention)
         return (logits, weights) if return_attention else logits
 
 
@@ -234,6 +244,8 @@ class DecoderLM(_Model):
     ) -> None:
         super().__init__()
         self.config = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        if pad_id is not None and not (isinstance(pad_id, int) and 0 <= pad_id < vocab_size):
+            raise AttnlabError(f"pad_id must be None or an id of the vocabulary (0..{vocab_size - 1}), got {pad_id!r}")
         self.pad_id, self.max_positions = pad_id, max_positions
         self.body = Encoder(
             vocab_size, d_model, num_layers, num_heads, d_ff or 4 * d_model, max_positions=max_positions,
@@ -272,8 +284,14 @@ class DecoderLM(_Model):
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """(batch, seq) ids -> logits (batch, seq, vocab); position t sees ids 0..t only.
 
-        With ``caches``, ``ids`` holds only the new positions, which follow the cached ones.
+        With ``caches``, ``ids`` holds only the new positions, which follow the cached ones. Cached decoding
+        masks no padding (a cache cannot un-see a key), so ids holding ``pad_id`` are refused there: feed
+        prompts of one length, or decode them one at a time.
         """
+        check_id_batch(ids)  # before its shape is read below
+        if caches is not None and self.pad_id is not None and bool((ids == self.pad_id).any()):
+            raise AttnlabError(f"ids hold the padding id {self.pad_id}, which cached decoding cannot mask; "
+                               "decode prompts of different lengths separately or without caches")
         if caches is None:
             mask = causal_mask(ids.shape[1], device=ids.device)
             if self.pad_id is not None:

@@ -22,7 +22,8 @@ PositionKind = Literal["sinusoidal", "learned", "rotary", "none"]
 
 def check_token_ids(ids: Tensor, vocab_size: int) -> None:
     """Raise :class:`AttnlabError` unless ``ids`` is an integer tensor of ids in ``[0, vocab_size)``."""
-    if not isinstance(ids, Tensor) or ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+    # nn.Embedding takes int64 and int32 only; smaller integer types would pass here and fail inside torch.
+    if not isinstance(ids, Tensor) or ids.dtype not in (torch.int64, torch.int32):
         kind = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
         raise AttnlabError(f"token ids must be an integer tensor (torch.long), got {kind}")
     if ids.numel() == 0:
@@ -31,6 +32,24 @@ def check_token_ids(ids: Tensor, vocab_size: int) -> None:
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
         raise AttnlabError(f"token id {bad} is outside the vocabulary of size {vocab_size} (valid ids: 0..{vocab_size - 1})")
+
+
+def check_id_batch(ids: Tensor) -> None:
+    """Raise :class:`AttnlabError` unless ``ids`` is a (batch, seq) tensor (one sequence is ``ids[None]``)."""
+    if not isinstance(ids, Tensor) or ids.dim() != 2:
+        shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
+        raise AttnlabError(f"token ids must be (batch, seq), got shape {shape}")
+
+
+def _check_caches(caches: list[KVCache] | None, layers: int, ids: Tensor) -> None:
+    """One (self-attention) cache per layer, holding the batch that ``ids`` continues."""
+    if caches is None:
+        return
+    if len(caches) != layers:
+        raise AttnlabError(f"caches has {len(caches)} entries, the stack has {layers} layers (use model.new_caches())")
+    held = caches[0].k
+    if held is not None and ids.dim() == 2 and held.shape[0] != ids.shape[0]:
+        raise AttnlabError(f"the caches hold a batch of {held.shape[0]}, but the ids have a batch of {ids.shape[0]}")
 
 
 class Embedder(nn.Module):
@@ -74,6 +93,7 @@ class Embedder(nn.Module):
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
         """(batch, seq) ids -> (batch, seq, d_model); ``offset`` is the position of the first id."""
         check_token_ids(ids, self.vocab_size)
+        check_id_batch(ids)
         x = self.tokens(ids) * self.scale
         if self.positions is not None:  # rotary positions are applied (and checked) inside attention
             x = x + self.positions(ids.shape[1], offset)
@@ -146,6 +166,7 @@ class Encoder(_Stack):
         ``caches`` (one per layer) turns on incremental decoding: positions continue after the cached ones.
         The weight list is empty unless ``need_weights``.
         """
+        _check_caches(caches, len(self.layers), ids)
         offset = 0 if caches is None else len(caches[0])
         x = self.embed(ids, offset)
         weights: list[Tensor] = []
@@ -181,6 +202,7 @@ class Decoder(_Stack):
         ``decoder_layer{i}_block1_self_att`` and ``decoder_layer{i}_block2_decenc_att`` (i from 1).
         ``caches`` holds one (self, memory) pair of caches per layer for incremental decoding.
         """
+        _check_caches(None if caches is None else [pair[0] for pair in caches], len(self.layers), ids)
         offset = 0 if caches is None else len(caches[0][0])
         x = self.embed(ids, offset)
         weights: dict[str, Tensor] = {}

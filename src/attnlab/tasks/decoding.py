@@ -73,9 +73,9 @@ def _step_log_probs(
     training, so they are ruled out here rather than left to chance.
     """
     if caches is not None:
-        logits, _ = model.decode(prefix[:, -1:], memory, memory_mask, caches=caches)
+        logits, _ = model.decode(prefix[:, -1:], memory, memory_attend_mask=memory_mask, caches=caches)
     else:
-        logits, _ = model.decode(prefix, memory, memory_mask)
+        logits, _ = model.decode(prefix, memory, memory_attend_mask=memory_mask)
     logits = logits[:, -1].float()
     logits[:, PAD_ID] = -math.inf
     logits[:, BOS_ID] = -math.inf

@@ -81,10 +81,11 @@ class LeakyTransformer(Transformer):
     teacher-forcing report). Incremental decoding with caches is unchanged: a cache holds only the past.
     """
 
-    def decode(self, tgt: Tensor, memory: Tensor, memory_attend_mask: Tensor, *, need_weights: bool = False,
+    def decode(self, tgt: Tensor, memory: Tensor, *, memory_attend_mask: Tensor, need_weights: bool = False,
                caches: list[tuple[KVCache, KVCache]] | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         if caches is not None:
-            return super().decode(tgt, memory, memory_attend_mask, need_weights=need_weights, caches=caches)
+            return super().decode(tgt, memory, memory_attend_mask=memory_attend_mask, need_weights=need_weights,
+                                  caches=caches)
         self_mask = padding_mask(tgt, self.pad_id)  # (batch, 1, 1, tgt): padding only, every position sees all
         states, weights = self.decoder(tgt, memory, self_attend_mask=self_mask, memory_attend_mask=memory_attend_mask,
                                        need_weights=need_weights)

@@ -70,9 +70,26 @@ def _load_into(model: nn.Module, path: Path) -> None:
     try:
         missing, unexpected = load_model(model, str(path), strict=False)
     except (SafetensorError, OSError, RuntimeError, ValueError) as err:
+        mismatch = _shape_mismatch(model, path)
+        if mismatch:  # torch's own message starts with a header line that names nothing
+            raise AttnlabError(f"{path} does not match the model: {mismatch}") from err
         raise AttnlabError(f"{path} is not a readable safetensors file for this model ({str(err).splitlines()[0]})") from err
     if missing or unexpected:
         raise AttnlabError(f"{path} does not match the model: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+
+
+def _shape_mismatch(model: nn.Module, path: Path) -> str:
+    """The first tensor whose shape differs between the file and ``model`` ("" if none, or unreadable)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            in_file = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError):
+        return ""
+    differ = [f"{name} is {in_file[name]} in the file, {tuple(t.shape)} in the model"
+              for name, t in model.state_dict().items() if name in in_file and in_file[name] != tuple(t.shape)]
+    return differ[0] + (f" (and {len(differ) - 1} more)" if len(differ) > 1 else "") if differ else ""
 
 
 def model_config(model: nn.Module) -> dict[str, Any]:
