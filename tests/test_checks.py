@@ -505,3 +505,10 @@ def test_plain_callables_are_checked_without_switching_modes():
 
     result = assert_mode(model, kind="encoder", seeds=1)
     assert result.status == "pass" and "not an nn.Module" in result.summary
+
+
+def test_printing_a_report_shows_the_table_and_the_tally():
+    report = run_checks(Tiny(causal=True), Contract("decoder", vocab_size=4, max_length=12), seeds=1)
+    text = str(report)
+    assert text.startswith("attnlab check (decoder") and "causal" in text and "PASS" in text
+    assert text.splitlines()[-1] == report.footer() and "CheckReport(" not in text

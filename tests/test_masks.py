@@ -219,3 +219,11 @@ def test_converters_back_out_refuse_masks_that_are_not_bool():
         to_key_padding_mask(padding_mask(IDS).long())
     with pytest.raises(AttnlabError, match="to_additive_mask takes an attend mask"):
         to_additive_mask(causal_mask(3).float())
+
+
+@pytest.mark.parametrize("args", [(-1,), (2.5,), (3, 4.0)])
+def test_causal_mask_of_a_non_length_is_named(args):
+    from attnlab.nn import causal_mask
+
+    with pytest.raises(AttnlabError, match="causal mask takes whole numbers of queries and keys"):
+        causal_mask(*args)

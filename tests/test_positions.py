@@ -84,3 +84,11 @@ def test_rotary_dot_product_depends_only_on_distance():
     assert score(5, 2) != pytest.approx(score(5, 4), abs=1e-3)
     with pytest.raises(AttnlabError, match="rotary table"):
         rope(torch.randn(1, 1, 65, 8))
+
+
+def test_position_tables_take_a_length_not_the_input_and_say_so():
+    with pytest.raises(AttnlabError, match=r"takes a length and an offset \(ints\).*tensor of shape \(2, 3, 8\)"):
+        SinusoidalPositions(5, 8)(torch.zeros(2, 3, 8))  # the Keras idiom pe(x)
+    with pytest.raises(AttnlabError, match="learned position table takes a length"):
+        LearnedPositions(5, 8)(2.5)
+    assert SinusoidalPositions(5, 8)(3).shape == (3, 8)

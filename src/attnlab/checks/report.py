@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -87,3 +88,9 @@ class CheckReport:
         console = console or Console()
         console.print(self.table())
         console.print(self.footer())
+
+    def __str__(self) -> str:
+        """The table and the tally as plain text, so that ``print(report)`` shows what ``attnlab check`` does."""
+        console = Console(width=120, record=True, file=io.StringIO(), color_system=None)
+        self.print(console)
+        return console.export_text().rstrip()

@@ -92,6 +92,9 @@ def causal_mask(num_queries: int, num_keys: int | None = None, device: torch.dev
         (1, 1, num_queries, num_keys) bool.
     """
     num_keys = num_queries if num_keys is None else num_keys
+    whole = int | torch.SymInt  # SymInt: a shape under torch.compile's dynamic shapes
+    if not (isinstance(num_queries, whole) and isinstance(num_keys, whole) and num_queries >= 0):
+        raise AttnlabError(f"causal mask takes whole numbers of queries and keys, got {num_queries!r} and {num_keys!r}")
     if num_keys < num_queries:
         raise AttnlabError(f"causal mask needs at least as many keys as queries, got {num_keys} < {num_queries}")
     ones = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device)

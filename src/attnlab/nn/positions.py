@@ -56,6 +56,10 @@ def sinusoidal_encoding(num_positions: int, d: int, dtype: torch.dtype = torch.f
 
 
 def _check_span(length: int, offset: int, max_positions: int, what: str) -> None:
+    # (SymInt: a shape under torch.compile's dynamic shapes)
+    if not isinstance(length, int | torch.SymInt) or not isinstance(offset, int | torch.SymInt):  # e.g. ``pe(x)``
+        given = f"a tensor of shape {tuple(length.shape)}" if isinstance(length, torch.Tensor) else repr(length)
+        raise AttnlabError(f"the {what} takes a length and an offset (ints) and returns the rows to add; got {given}")
     if offset < 0 or length < 0:
         raise AttnlabError(f"positions must be >= 0, got offset {offset} and length {length}")
     if offset + length > max_positions:

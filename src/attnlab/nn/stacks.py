@@ -26,7 +26,9 @@ def check_token_ids(ids: Tensor, vocab_size: int) -> None:
     if not isinstance(ids, Tensor) or ids.dtype not in (torch.int64, torch.int32):
         kind = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
         raise AttnlabError(f"token ids must be an integer tensor (torch.long), got {kind}")
-    if ids.numel() == 0:
+    if ids.numel() == 0 or torch.compiler.is_compiling():
+        # Under torch.compile reading the values would break the graph in two; nn.Embedding still refuses
+        # an id out of range there, only less readably.
         return
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
