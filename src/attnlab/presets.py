@@ -46,7 +46,9 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
         Transformer,
         dict(src_vocab_size=20, tgt_vocab_size=20, d_model=512, num_layers=6, num_heads=8, head_dim=8, d_ff=2048,
              dropout=0.1, max_src_positions=5, max_tgt_positions=5),
-        "seed 003's TransformerModel: h=8 heads projecting to d_k=64 in all (8 each), d_ff=2048, n=6",
+        "seed 003's TransformerModel: h=8 heads projecting to d_k=64 in all (8 each), d_ff=2048, n=6. Each "
+        "DecoderLayer here has its three LayerNorms (2,366,336 parameters); the seed's printed summary shows "
+        "1,024 fewer because its code reuses one LayerNorm for two sub-layers",
     ),
     "tiny-router": ModelPreset(
         EncoderClassifier,

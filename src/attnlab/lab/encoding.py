@@ -85,6 +85,16 @@ def _spread(values: torch.Tensor) -> float:
     return float(values.max() - values.min())
 
 
+#: The width seed 000 works at (its GloVe file is glove.6B.100d.txt).
+SEED_WIDTH = 100
+
+
+def seed_gap() -> float:
+    """The gap-``GAP_K`` distance at the seed's width (the same at every position, to rounding)."""
+    pe = sinusoidal_encoding(GAP_K + 1, SEED_WIDTH, dtype=torch.float64)
+    return float(torch.linalg.vector_norm(pe[0] - pe[GAP_K]))
+
+
 def properties_section(d: int, max_length: int) -> Section:
     """Section 2: constant norm sqrt(d/2), gap distances that depend on the gap only, and an odd width.
 
@@ -110,6 +120,14 @@ def properties_section(d: int, max_length: int) -> Section:
         "sin&sup2; + cos&sup2; = 1 to the squared norm, so every row should have norm sqrt(d/2)",
         f"= {fmt(reference, 6)}.",
     )
+    if d != SEED_WIDTH:  # the seed's figures come from its 100-wide GloVe; say so rather than let them clash
+        body += para(
+            f"Seed 000 measures this at d = {SEED_WIDTH}, the width of its GloVe file: norm sqrt({SEED_WIDTH // 2}) =",
+            f"{fmt(math.sqrt(SEED_WIDTH / 2), 6)} and a gap-{GAP_K} distance of {fmt(seed_gap(), 6)} (both computed",
+            f"here). This page's vectors are {d} wide (the default ones are 50 wide, so that nothing has to be",
+            "downloaded); <code>attnlab lab --glove glove.6B.100d.txt</code> gives the seed's width in this section",
+            "and the next.",
+        )
     body += table(["position", f"||PE[pos]||, d = {d}", f"||PE[pos]||, d = {d_odd}"],
                   [(p, fmt(norms[p], 6), fmt(odd_norms[p], 6)) for p in norm_at])
     body += para(

@@ -82,7 +82,8 @@ def _notes(data: dict[str, dict]) -> dict[str, str]:
     same = "identical" if both_vs_causal == 0.0 else f"largest difference {both_vs_causal:.1e}"
     return {
         "none": (f"No cell is hidden: every token reads every token, the padding too. 'late' gives "
-                 f"{fmt(w['none'][late, 4:].sum(), 2)} of its attention to the two padding tokens."),
+                 f"{fmt(w['none'][late, 4], 2)} + {fmt(w['none'][late, 5], 2)} of its attention to the two padding "
+                 f"tokens, {fmt(w['none'][late, 4:].sum(), 3)} in all."),
         "padding": (f"The two padding columns are hidden, {data['padding']['hidden_count']} of 36 cells. The real "
                     f"tokens' weights grow to fill the gap: 'late' now gives {fmt(w['padding'][late, top], 2)} "
                     f"to '{TOKENS[top]}'."),

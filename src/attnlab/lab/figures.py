@@ -67,7 +67,7 @@ def property_curves(norms: dict[str, np.ndarray], gaps: dict[str, np.ndarray], k
         norms, gaps: label -> (P,) norms and (P - k,) gap distances, one entry per encoding width.
         k: the gap.
     """
-    floor = 1e-17  # log scale: exact zeros are drawn at this floor
+    floor = 1e-17  # log scale: exact zeros are drawn at this floor (said in the axis label)
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8), layout="constrained")
     for ax, curves, title in ((left, norms, "Norm: |norm(PE[pos]) - norm(PE[0])|"),
                               (right, gaps, f"Gap {k}: |dist(pos) - dist(0)|")):
@@ -76,6 +76,7 @@ def property_curves(norms: dict[str, np.ndarray], gaps: dict[str, np.ndarray], k
         ax.set_yscale("log")
         ax.set_ylim(floor / 2, None)
         ax.set_xlabel("position")
+        ax.set_ylabel(f"drift (exact 0 drawn at {floor:g})")
         ax.set_title(title, fontsize=12, color="dimgray")
         ax.grid(linestyle="--", alpha=0.4)
         ax.legend(fontsize=9)
@@ -88,16 +89,21 @@ def _word_panel(ax: Axes, points: np.ndarray, words: Sequence[str], groups: Sequ
     for i, ((x, y), word, group) in enumerate(zip(points, words, groups)):
         # A point right next to an earlier one gets its label below instead, so the two words do not overprint.
         crowded = np.any(np.all(np.abs(points[:i] - points[i]) < span * (0.12, 0.06), axis=1))
-        ax.annotate(word, (x, y), fontsize=11, fontweight="bold", xytext=(4, -13) if crowded else (4, 4),
+        # The word's position in its sentence rides along, so an arrangement by position can be checked.
+        ax.annotate(f"{word}@{i}", (x, y), fontsize=11, fontweight="bold", xytext=(4, -13) if crowded else (4, 4),
                     textcoords="offset points", color=GROUP_COLOURS[group])
     ax.grid(linestyle="--", alpha=0.4)
+    ax.set_xlabel("PC1 (this panel's own PCA)")
+    ax.set_ylabel("PC2")
     ax.set_title(title, fontsize=11, color="dimgray")
     ax.margins(0.15)
 
 
 def word_panels(layouts: Sequence[np.ndarray], words: Sequence[Sequence[str]], groups: Sequence[Sequence[str]],
                 titles: Sequence[str]) -> str:
-    """PCA layouts of words side by side, each point labelled and coloured by its semantic group.
+    """PCA layouts of words side by side, each point labelled ``word@position`` and coloured by its group.
+
+    Every panel is its own PCA, so axes and scales differ between panels: compare positions within a panel.
 
     Args:
         layouts: per panel, (n_words, 2) coordinates.

@@ -52,6 +52,19 @@ def masks_section() -> Section:
     body = heading("Padding mask")
     body += para("A mask in attnlab is boolean, <b>True = may attend</b>. Every id 0 is padding and is hidden:")
     body += code(f"ids {tuple(ids.shape)} -> padding_mask(ids) {tuple(mask.shape)} {mask.dtype}")
+    body += para("The four axes are those of the attention scores, (batch, heads, queries, keys). A padding mask",
+                 "describes the <i>keys</i>, the sequence that supplies K and V, so it varies only on the batch and",
+                 "key axes; its two axes of size 1 let one row of it broadcast over every head and every query.",
+                 "Having the scores' rank is what keeps it from broadcasting the wrong way (section 8, bug 3).")
+    body += para("Conventions differ between the seeds and libraries, which is how masks end up inverted: seed",
+                 "003 and torch's <code>key_padding_mask</code> and bool <code>attn_mask</code> say True (1) = hide;",
+                 "seed 000 and Hugging Face's <code>attention_mask</code> say 1 = keep. attnlab converts at the",
+                 "boundary (<code>from_hide_mask</code>, <code>from_key_padding_mask</code>,",
+                 "<code>from_hf_attention_mask</code>, <code>from_keep_mask</code>) and refuses a mask that is not",
+                 "bool. Hidden scores are set to -inf (the seed adds -1e9; both give a weight of exactly 0 in",
+                 "float32). A row whose keys are <i>all</i> hidden would be 0/0 = NaN: attnlab gives it zero weight",
+                 "and zero output instead, so an inverted mask shows up as wrong numbers, not NaN (seed 004's",
+                 "symptom); <code>attnlab check</code>'s padding checks catch it.")
     body += matrix(mask[:, 0, 0].int().numpy(), row_labels=labels, col_labels=[f"key {j}" for j in range(5)],
                    caption="padding_mask, shown as 1 = attend, 0 = hidden", css="matrix mask")
     body += check(agrees, "from_keep_mask on the seed's float mask (1 = keep) gives the same mask")

@@ -66,7 +66,11 @@ def order_section() -> Section:
     body += check(not results["learned"]["same"] and not results["sinusoidal"]["same"],
                   "with positions added (learned or sinusoidal) the summaries differ")
     body += para("The position vectors here are untrained, so the difference carries no meaning yet; it shows only",
-                 "that order can now reach the computation.")
+                 "that order can now reach the computation. Its size depends on the random weights: seed 004 runs",
+                 "torch's <code>nn.MultiheadAttention</code>, initialised differently from attnlab's layer, and",
+                 "prints other numbers (a learned-position difference near 0.07); what must agree is the pattern,",
+                 "equal without positions and different with them. The trained router's version of the test, on",
+                 "real tickets, is <code>attnlab probe order</code>.")
     highlights = [("shuffle test: same summary without / with positions",
                    f"{results['none']['same']} / {results['learned']['same']} (learned), "
                    f"{results['sinusoidal']['same']} (sinusoidal)")]

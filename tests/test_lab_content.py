@@ -1,0 +1,52 @@
+"""What the lab page tells a learner beyond its numbers: where its figures differ from the seeds and why."""
+
+import html
+import re
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+
+from attnlab.lab import figures  # noqa: E402
+from attnlab.lab.encoding import properties_section  # noqa: E402
+from attnlab.lab.explorer import explorer_section  # noqa: E402
+from attnlab.lab.masks_demo import masks_section  # noqa: E402
+
+
+def text(section):
+    return html.unescape(re.sub(r"<[^>]+>", "", section.body))
+
+
+def test_the_encoding_section_gives_the_seeds_figures_when_its_width_differs():
+    at_50 = text(properties_section(50, 20))
+    assert "Seed 000 measures this at d = 100" in at_50 and "7.071068" in at_50 and "3.266878" in at_50
+    assert "Seed 000 measures this" not in text(properties_section(100, 20))  # the seed's own width: no note
+
+
+def test_the_explorer_note_adds_up_the_cells_it_quotes():
+    section = explorer_section()
+    late = section.numbers["tokens"].index("late")
+    row = np.array(section.numbers["masks"]["none"]["weights"][late])
+    shown = re.search(r"'late' gives (\d\.\d\d) \+ (\d\.\d\d) of its attention to the two padding tokens, "
+                      r"(\d\.\d\d\d) in all", text(section))
+    assert shown, text(section)
+    assert [float(x) for x in shown.groups()] == [round(row[4], 2), round(row[5], 2), round(row[4:].sum(), 3)]
+
+
+def test_the_masks_section_explains_axes_conventions_and_fully_hidden_rows():
+    body = text(masks_section())
+    for phrase in ("(batch, heads, queries, keys)", "the sequence that supplies K and V", "key_padding_mask",
+                   "attention_mask", "-inf (the seed adds -1e9", "NaN"):
+        assert phrase in body, phrase
+
+
+def test_word_panels_label_positions_and_axes(monkeypatch):
+    drawn = []
+    monkeypatch.setattr(figures, "to_png", lambda fig: drawn.append(fig) or "")
+    points = np.array([[0.0, 1.0], [1.0, 0.0], [2.0, 2.0]])
+    figures.word_panels([points], [["king", "queen", "red"]], [["people", "people", "colours"]], ["one panel"])
+    ax = drawn[0].axes[0]
+    assert [t.get_text() for t in ax.texts] == ["king@0", "queen@1", "red@2"]
+    assert ax.get_xlabel().startswith("PC1") and ax.get_ylabel() == "PC2"
