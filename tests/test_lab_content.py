@@ -50,3 +50,13 @@ def test_word_panels_label_positions_and_axes(monkeypatch):
     ax = drawn[0].axes[0]
     assert [t.get_text() for t in ax.texts] == ["king@0", "queen@1", "red@2"]
     assert ax.get_xlabel().startswith("PC1") and ax.get_ylabel() == "PC2"
+
+
+def test_the_model_section_shows_padded_outputs_and_the_two_attention_shapes():
+    from attnlab.lab.model_checks import model_section
+
+    demo = model_section().numbers["encoder_stack_and_decoder_layer"]
+    assert demo["encoder_output_shape"] == [2, 5, 4] and len(demo["padded_output_norms"]) == 3
+    assert min(demo["padded_output_norms"]) > 0  # padding hides keys; it does not zero the padded outputs
+    assert demo["decoder_self_attention_shape"] == [2, 2, 3, 3]
+    assert demo["decoder_cross_attention_shape"] == [2, 2, 3, 5]

@@ -14,12 +14,13 @@ import torch
 
 from attnlab.lab import figures
 from attnlab.lab.html import Section, check, code, figure, heading, para, table
-from attnlab.nn import EncoderLayer, from_keep_mask
+from attnlab.nn import DecoderLayer, EncoderLayer, causal_mask, from_keep_mask, padding_mask
 from attnlab.presets import MODEL_PRESETS, build_preset
 
 SEED = 10  # the seed's keras.utils.set_random_seed(10)
 SOURCE = [[2, 1, 4, 3, 0]]  # the trailing 0 is padding
 TARGET = [[3, 2, 1, 0, 0]]
+STACK_IDS = [[2, 1, 4, 3, 0], [2, 3, 4, 0, 0]]  # seed 000's encoder-stack input: (2, 5) with padding
 
 
 def _encoder_layer_demo() -> tuple[dict, str]:
@@ -50,9 +51,41 @@ def _encoder_layer_demo() -> tuple[dict, str]:
     return numbers, body
 
 
+def _stack_and_decoder_layer_demo() -> tuple[dict, str]:
+    """Seed 000's encoder-stack call and its decoder layer with a target shorter than the source."""
+    torch.manual_seed(SEED)
+    encoder = build_preset("lab-toy").eval().encoder
+    ids = torch.tensor(STACK_IDS)  # (2, 5), zeros are padding
+    layer = DecoderLayer(4, 2, 8, head_dim=4).eval()  # two full-width heads, as the seed's Keras layer
+    target, memory = torch.randn(2, 3, 4), torch.randn(2, 5, 4)  # 3 target positions, 5 source positions
+    with torch.no_grad():
+        states, _ = encoder(ids, attend_mask=padding_mask(ids))  # (2, 5, 4)
+        _, self_w, cross_w = layer(target, memory, self_attend_mask=causal_mask(3),
+                                   memory_attend_mask=padding_mask(ids), need_weights=True)
+    padded_norms = [round(float(v), 4) for v in states[ids == 0].norm(dim=-1)]
+    body = heading("The encoder stack and a decoder layer")
+    body += code(f"encoder(ids {tuple(ids.shape)}) -> {tuple(states.shape)}\n"
+                 f"norms of the outputs at the {len(padded_norms)} padded positions: {padded_norms} "
+                 "(layer-normalised: sqrt(d) = 2, like every position)")
+    body += check(min(padded_norms) > 0, "padded positions still get output vectors: the padding mask hides them as "
+                                         "keys, it does not zero them; later masks and the loss ignore them")
+    body += code(f"decoder layer, target {tuple(target.shape)}, memory {tuple(memory.shape)}:\n"
+                 f"  self-attention weights  {tuple(self_w.shape)}  (batch, heads, target, target)\n"
+                 f"  cross-attention weights {tuple(cross_w.shape)}  (batch, heads, target, source)")
+    body += check(self_w.shape[-1] == 3 and cross_w.shape[-1] == 5,
+                  "cross-attention weighs source positions, (target, source); self-attention target ones, (target, "
+                  "target): its mask must come from the source")
+    numbers = {"encoder_output_shape": list(states.shape), "padded_output_norms": padded_norms,
+               "decoder_self_attention_shape": list(self_w.shape),
+               "decoder_cross_attention_shape": list(cross_w.shape)}
+    return numbers, body
+
+
 def model_section() -> Section:
-    """Section 5: the encoder layer and the lab-toy transformer."""
+    """Section 5: the encoder layer, the encoder stack, a decoder layer and the lab-toy transformer."""
     layer_numbers, body = _encoder_layer_demo()
+    stack_numbers, stack_body = _stack_and_decoder_layer_demo()
+    body += stack_body
 
     torch.manual_seed(SEED)
     model = build_preset("lab-toy").eval()
@@ -99,13 +132,15 @@ def model_section() -> Section:
                                           ["target position", "source position"], "target position"),
                    "the last decoder layer's self- and cross-attention weights for head 0",
                    "Self-attention is lower triangular (target positions 3 and 4 are padding, so their columns are "
-                   "hidden too); cross-attention leaves source position 4, the padding, at 0.")
+                   "hidden too: seed 000 passes the look-ahead mask alone here, attnlab also hides target padding, "
+                   "as seed 003 does); cross-attention leaves source position 4, the padding, at 0.")
     body += heading("Eval against train mode")
     body += check(eval_same, "two forward passes in eval mode are identical")
     body += check(not train_same, f"two passes in train mode differ (dropout 0.1): largest difference {train_diff:.4f}")
 
     numbers = {
         "encoder_layer": layer_numbers,
+        "encoder_stack_and_decoder_layer": stack_numbers,
         "preset": "lab-toy",
         "output_shape": list(probs.shape),
         "row_sums": row_sums[0].tolist(),
