@@ -1,7 +1,7 @@
 """The lab: seed 000's measurements (and seed 004's shuffle test and mask explorer) as one report.
 
-``attnlab lab`` runs :func:`run_lab`, which computes seven sections in the seed's order with the
-project's own core and writes ``index.html`` (self-contained, figures inline) and ``numbers.json``:
+``attnlab lab`` runs :func:`run_lab`, which computes eight sections with the project's own core and
+writes ``index.html`` (self-contained, figures inline) and ``numbers.json``:
 
 1. angles and encodings (:mod:`.encoding`)
 2. properties of the encoding (:mod:`.encoding`)
@@ -10,6 +10,7 @@ project's own core and writes ``index.html`` (self-contained, figures inline) an
 5. the model (:mod:`.model_checks`)
 6. order: the shuffle test (:mod:`.order`)
 7. mask explorer (:mod:`.explorer`)
+8. the port's silent bugs and the seed's review questions (:mod:`.silent_bugs`)
 
 :mod:`.figures` draws (matplotlib, Agg), :mod:`.html` formats, :mod:`.report` assembles and writes.
 """

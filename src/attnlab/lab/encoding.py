@@ -124,9 +124,9 @@ def properties_section(d: int, max_length: int) -> Section:
         body += para(
             f"Seed 000 measures this at d = {SEED_WIDTH}, the width of its GloVe file: norm sqrt({SEED_WIDTH // 2}) =",
             f"{fmt(math.sqrt(SEED_WIDTH / 2), 6)} and a gap-{GAP_K} distance of {fmt(seed_gap(), 6)} (both computed",
-            f"here). This page's vectors are {d} wide (the default ones are 50 wide, so that nothing has to be",
-            "downloaded); <code>attnlab lab --glove glove.6B.100d.txt</code> gives the seed's width in this section",
-            "and the next.",
+            f"here). This page works at the loaded vectors' width, d = {d} (the default vectors are 50 wide, so",
+            "that nothing has to be downloaded); <code>attnlab lab --glove glove.6B.100d.txt</code> gives the",
+            "seed's width in this section and the next.",
         )
     body += table(["position", f"||PE[pos]||, d = {d}", f"||PE[pos]||, d = {d_odd}"],
                   [(p, fmt(norms[p], 6), fmt(odd_norms[p], 6)) for p in norm_at])

@@ -1,4 +1,4 @@
-"""Runs the whole lab: load the word vectors, compute the seven sections, write the report.
+"""Runs the whole lab: load the word vectors, compute the eight sections, write the report.
 
 :func:`run_lab` is what ``attnlab lab`` calls; it reports each step to an optional callback so that the
 command line can show progress, and returns the numbers it wrote.
@@ -36,6 +36,7 @@ STEPS = (
     ("model", "5. The model"),
     ("order", "6. Order: the shuffle test"),
     ("explorer", "7. Mask explorer"),
+    ("bugs", "8. Silent bugs of the port, and the review questions"),
     ("write", "Writing the report"),
 )
 
@@ -95,6 +96,7 @@ def run_lab(
         from attnlab.lab.masks_demo import masks_section
         from attnlab.lab.model_checks import model_section
         from attnlab.lab.order import order_section
+        from attnlab.lab.silent_bugs import bugs_section
 
         # Torch's own thread pool is slower than one thread on these tiny tensors; restore it afterwards.
         threads = torch.get_num_threads()
@@ -109,6 +111,7 @@ def run_lab(
                 ("model", model_section),
                 ("order", order_section),
                 ("explorer", explorer_section),
+                ("bugs", bugs_section),
             ):
                 step(key)
                 sections.append(compute())
