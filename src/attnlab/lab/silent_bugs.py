@@ -85,7 +85,6 @@ def _positional_mask(n: dict) -> str:
     same = bool(torch.equal(plain, ignored))
     differs = not torch.allclose(plain, masked) and bool(torch.equal(keras2, masked))
     refusals = [_raised(lambda: mha(x, hide_last)), _raised(lambda: mha(x, x, x, hide_last))]
-    same, differs = bool(torch.equal(plain, ignored)), not torch.allclose(plain, masked)
     n["positional_mask"] = {"binds_to": binds, "no_mask": plain.tolist(), "ignored": ignored.tolist(),
                             "masked": masked.tolist(), "ignored_equals_no_mask": same, "refusals": refusals}
     return (heading("1. A mask passed by position lands on another parameter")
