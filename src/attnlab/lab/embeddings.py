@@ -185,7 +185,9 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
                  "scaling and shifting; 1 = no relation):")
     body += table(["W1:W2", "disparity"], [(_shown(key), f"{disparity[key]:.6f}") for _, _, key, _ in weightings])
     body += para("It compares two 2-D projections of eleven words, so it is a demonstration, not a general law:",
-                 "at the encoder's own ratio this arrangement survives almost unchanged.")
+                 "at the encoder's own ratio this arrangement survives almost unchanged. It is the sum of squared",
+                 "distances left after the best fit, both layouts standardised first, not a percentage of structure",
+                 "lost: 0.5 does not mean half the arrangement is gone.")
 
     numbers = {
         "source": vectors.source,
