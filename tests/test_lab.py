@@ -345,3 +345,25 @@ def test_a_terminated_run_removes_its_staging_folder(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM and err.strip().endswith("terminated")
     assert not list(tmp_path.iterdir())  # no report, no staging folder
+
+
+def test_a_run_killed_outright_leaves_a_staging_folder_that_the_next_run_removes(tmp_path, glove_file):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "attnlab.cli.main", "lab", "--out", str(tmp_path / "r")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not [p for p in tmp_path.iterdir() if ".partial-" in p.name] and proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)  # no handler runs: the staging folder stays behind
+    proc.wait(timeout=60)
+    orphans = [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+    assert len(orphans) == 1 and orphans[0].name.startswith(f".r.partial-{proc.pid}-")
+    live = tmp_path / f".r.partial-{os.getpid()}-busy"  # one whose writer is alive (this test) is kept
+    live.mkdir()
+    run_lab(tmp_path / "r", glove=glove_file)
+    assert (tmp_path / "r" / "index.html").is_file() and not orphans[0].exists() and live.exists()
