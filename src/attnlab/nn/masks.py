@@ -257,8 +257,7 @@ def from_torch_attn_mask(attn_mask: Tensor, *, num_heads: int | None = None) -> 
         AttnlabError: for another rank, a 3-D mask without a fitting ``num_heads``, an integer mask,
             or a float mask that is not 0 / ``-inf``.
     """
-    if not isinstance(attn_mask, Tensor):
-        raise AttnlabError(f"from_torch_attn_mask takes a torch.Tensor, got {type(attn_mask).__name__}")
+    _require_tensor(attn_mask, "from_torch_attn_mask")
     if attn_mask.dim() == 2:
         return _from_torch_mask(attn_mask, "from_torch_attn_mask")[None, None]
     if attn_mask.dim() == 3:
@@ -313,9 +312,13 @@ def _keys_only(attend_mask: Tensor, name: str) -> Tensor:
     return attend_mask[:, 0, 0, :]
 
 
-def _check_padding_rank(mask: Tensor, name: str, what: str) -> None:
+def _require_tensor(mask: Tensor, name: str) -> None:
     if not isinstance(mask, Tensor):
         raise AttnlabError(f"{name} takes a torch.Tensor, got {type(mask).__name__}")
+
+
+def _check_padding_rank(mask: Tensor, name: str, what: str) -> None:
+    _require_tensor(mask, name)
     if mask.dim() != 2:
         raise AttnlabError(
             f"{name} takes a {what} of shape (batch, keys), got shape {tuple(mask.shape)}; a mask that already "
@@ -337,8 +340,7 @@ def _from_torch_mask(mask: Tensor, name: str) -> Tensor:
 
 def _check_zero_one(mask: Tensor, name: str) -> Tensor:
     """``mask`` itself, after checking it holds only 0 and 1 (any bool does)."""
-    if not isinstance(mask, Tensor):
-        raise AttnlabError(f"{name} takes a torch.Tensor, got {type(mask).__name__}")
+    _require_tensor(mask, name)
     if mask.dtype == torch.bool:
         return mask
     if mask.is_complex():
@@ -360,8 +362,7 @@ def _check_zero_one(mask: Tensor, name: str) -> Tensor:
 
 def _check_additive(mask: Tensor, name: str) -> Tensor:
     """``mask`` itself, after checking it is floating point and holds only 0 and hiding values."""
-    if not isinstance(mask, Tensor):
-        raise AttnlabError(f"{name} takes a torch.Tensor, got {type(mask).__name__}")
+    _require_tensor(mask, name)
     if not mask.is_floating_point():
         # A bool mask compared with a negative threshold is all True: the mask would vanish.
         hint = (
