@@ -239,6 +239,27 @@ def test_resume_continues_a_run_from_its_checkpoint(toy, tmp_path):
     assert "ignored" not in result.stderr  # the same data and model flags as the run: nothing to ignore
 
 
+def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(toy, tmp_path):
+    import shutil
+
+    killed = tmp_path / "killed"
+    shutil.copytree(toy["run"], killed, ignore=shutil.ignore_patterns("checkpoint", "*.safetensors", "result.json"))
+    args = ["train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src", "xx",
+            "--tgt", "yy", "--out", killed, "--max-steps", "300", "--eval-every", "150", *SMALL]
+    again = CliRunner().invoke(cli, [str(a) for a in args])
+    assert again.exit_code == 2 and "already holds a run" in again.stderr  # a new run still refuses the folder
+    result = run_cli(*args, "--resume")
+    assert "has no checkpoint yet: starting the run again from step 0" in result.stderr
+    report = json.loads((killed / "result.json").read_text())
+    original = json.loads((toy["run"] / "result.json").read_text())
+    assert report["steps"] == 300  # the same run as the uninterrupted one, step for step
+    assert report["final_loss"] == pytest.approx(original["final_loss"], abs=1e-5)
+    def logged(run):
+        return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+    assert logged(killed) == logged(toy["run"])  # the killed run's log was started afresh, not appended to
+
+
 def test_resume_names_the_model_flags_it_ignores(toy, tmp_path):
     import shutil
 

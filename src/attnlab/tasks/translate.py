@@ -47,6 +47,7 @@ from attnlab.tasks.parallel_data import (
 from attnlab.training import Batch, TrainConfig, TrainResult, seed_everything
 from attnlab.training.checkpoint import (
     CONFIG,
+    has_checkpoint,
     ignored_on_resume,
     load_run,
     model_config,
@@ -262,12 +263,19 @@ def build_model(vocab: tuple[int, int], model_kwargs: dict[str, Any], *, share_e
     cls = Transformer if look_ahead_mask else LeakyTransformer
     model = cls(vocab[0], vocab[1], pad_id=PAD_ID, share_embeddings=share_embeddings, tie_output=tie_output,
                 **model_kwargs)
-    # nn.Embedding draws from N(0, 1). Times sqrt(d) at the input that is loud but harmless; as the tied
-    # output matrix it makes the first logits ~sqrt(d) wide and the softmax nearly one-hot, and training
-    # stalls. N(0, 1/d) (fairseq, tensor2tensor) gives unit-scale logits and the same input scale as the paper.
-    for table in {id(t): t for t in (model.encoder.embed.tokens, model.decoder.embed.tokens)}.values():
-        nn.init.normal_(table.weight, std=model_kwargs["d_model"] ** -0.5)
+    _init_embeddings(model)
     return model
+
+
+def _init_embeddings(model: Transformer) -> None:
+    """Draw the token tables (one when shared) from N(0, 1/d_model), in place.
+
+    nn.Embedding draws from N(0, 1). Times sqrt(d) at the input that is loud but harmless; as the tied
+    output matrix it makes the first logits ~sqrt(d) wide and the softmax nearly one-hot, and training
+    stalls. N(0, 1/d) (fairseq, tensor2tensor) gives unit-scale logits and the same input scale as the paper.
+    """
+    for table in {id(t): t for t in (model.encoder.embed.tokens, model.decoder.embed.tokens)}.values():
+        nn.init.normal_(table.weight, std=table.embedding_dim ** -0.5)
 
 
 def _resume_differences(run_cfg: dict[str, Any], saved: TranslateSettings, given: TranslateSettings,
@@ -339,8 +347,15 @@ def train_translation(
         valid_src, valid_ref = valid_src[: settings.valid_sentences], valid_ref[: settings.valid_sentences]
     valid_sources = source_ids(src_tok.encode_batch(valid_src), model_kwargs["max_src_positions"], "validation source")
     seed_everything(config.seed)
+    # Killed before its first checkpoint: build the weights the run started from (the same seed and saved
+    # model settings) and start again from step 0, which repeats it exactly, as classify and lm do.
+    restart = resume and not has_checkpoint(out)
+    if restart:
+        log(f"{out} has no checkpoint yet: starting the run again from step 0")
     if resume:
         model = rebuild_model(run_cfg["model"])
+        if restart:
+            _init_embeddings(model)
         if is_main_process():
             write_run_config(out, {**run_cfg, "train": config_dict(config)})  # what the run continues with
     else:
@@ -353,7 +368,7 @@ def train_translation(
     task = TranslationTask(train_pairs, valid_pairs, valid_sources, valid_ref, tgt_tok, settings, seed=config.seed)
     log(f"{len(train_pairs)} training pairs, {len(valid_pairs)} validation pairs; model {type(model).__name__} "
         f"with {model.num_parameters():,} parameters")
-    result = run_training(model, task, config, out, resume=resume)
+    result = run_training(model, task, config, out, resume=resume and not restart)
     if is_main_process():
         write_json_atomic(out / RESULT, {"steps": result.steps, "seconds": round(result.elapsed, 1),
                                          "tokens_per_second": round(result.tokens_per_second), "best": result.best,
