@@ -1,6 +1,7 @@
 """``attnlab train classify``, ``eval classify``, ``predict`` and ``probe`` end to end (in process), and bad input."""
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from safetensors.torch import load_file
 from attnlab.cli.main import cli
 from attnlab.errors import AttnlabError
 from attnlab.training.checkpoint import save_checkpoint
+from attnlab.training.distributed import Place
 from test_classify_data import write_tickets
 
 # A tiny model and no GloVe (WordLlama's vectors stay: the default): seconds per run. Threads pinned so that runs repeat bit for bit.
@@ -242,3 +244,40 @@ def test_a_fitted_schedule_is_the_same_run_as_its_fixed_length(tmp_path):
     assert "schedule:" not in fixed.output
     a, b = load_file(tmp_path / "fit" / "model.safetensors"), load_file(tmp_path / "fix" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_epoch_timing_follows_the_batches_padded_sizes_not_the_typical_batch(monkeypatch):
+    """Bucketed batches are skewed (most short, a few long); the epoch estimate must sum the real batches.
+
+    A fake clock, moved on by the toy model in proportion to each training batch's padded size, makes the true
+    epoch time known exactly (and the test independent of this machine's load); "median timed step x steps"
+    would come out about three times too small here.
+    """
+    import types
+
+    from torch import nn
+
+    import attnlab.tasks.classify_train as classify_train
+    from attnlab.tasks.classify import ClassifyTask
+    from attnlab.tasks.classify_train import ClassifySettings, time_one_epoch
+
+    per_token, clock = 1e-4, [0.0]
+    monkeypatch.setattr(classify_train, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    class Slow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.out = nn.Embedding(20, 4), nn.Linear(4, 2)
+
+        def forward(self, ids):
+            if self.training:
+                clock[0] += 0.002 + per_token * ids.numel()  # a fixed cost per step, and one per padded token
+            return self.out(self.embed(ids).mean(1))
+
+    lengths = [60 if i % 10 == 0 else 4 for i in range(640)]  # one text in ten is long
+    ids = [[1 + i % 19] * n for i, n in enumerate(lengths)]
+    task = ClassifyTask(ids, [i % 2 for i in range(640)], ids[:8], [0] * 8, batch_size=8, seed=0)
+    padded = [b.data["ids"].numel() for b in task.batches(0, Place())]
+    assert statistics.median(padded) * len(padded) < 0.5 * sum(padded)  # the skew this test is about
+    estimate = time_one_epoch(Slow(), task, ClassifySettings(batch_size=8))
+    assert estimate == pytest.approx(0.002 * len(padded) + per_token * sum(padded), rel=1e-9)
