@@ -281,3 +281,18 @@ def test_the_epoch_timing_follows_the_batches_padded_sizes_not_the_typical_batch
     assert statistics.median(padded) * len(padded) < 0.5 * sum(padded)  # the skew this test is about
     estimate = time_one_epoch(Slow(), task, ClassifySettings(batch_size=8))
     assert estimate == pytest.approx(0.002 * len(padded) + per_token * sum(padded), rel=1e-9)
+
+
+def test_load_run_in_a_fresh_process_rebuilds_a_classifier_run(trained):
+    """``load_run`` must find ``TextClassifier`` even when nothing imported the classification task yet."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from attnlab.training.checkpoint import load_run\n"
+            "model, config = load_run(sys.argv[1], 'classify')\n"
+            "print(type(model).__name__, model.training, len(config['labels']))")
+    done = subprocess.run([sys.executable, "-c", code, str(trained[0] / "run")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    labels = json.loads((trained[0] / "run" / "config.json").read_text())["labels"]
+    assert done.stdout.split() == ["TextClassifier", "False", str(len(labels))]

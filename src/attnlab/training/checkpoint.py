@@ -17,6 +17,7 @@ Every file and the checkpoint folder are written under a temporary name and rena
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,6 +36,15 @@ from attnlab.nn.models import DecoderLM, EncoderClassifier, Transformer
 MODEL_CLASSES: dict[str, type[nn.Module]] = {cls.__name__: cls for cls in (Transformer, EncoderClassifier, DecoderLM)}
 
 ModelClass = TypeVar("ModelClass", bound=type[nn.Module])
+
+
+#: Where the registered classes that the core does not define live: a run config names the class, and a fresh
+#: process that calls :func:`load_run` may not have imported the task that defines it yet.
+MODEL_MODULES = {
+    "TextClassifier": "attnlab.tasks.classify_models",
+    "LeakyDecoderLM": "attnlab.tasks.leak",
+    "LeakyTransformer": "attnlab.tasks.translate",
+}
 
 
 def register_model(cls: ModelClass) -> ModelClass:
@@ -105,7 +115,10 @@ def build_model(spec: dict[str, Any]) -> nn.Module:
     """Rebuild a model from :func:`model_config`'s output."""
     if not isinstance(spec, dict) or not isinstance(spec.get("kwargs"), dict):
         raise AttnlabError("model description in the config is not usable: it needs 'class' and 'kwargs'")
-    cls = MODEL_CLASSES.get(spec.get("class"))
+    name = spec.get("class")
+    if name not in MODEL_CLASSES and name in MODEL_MODULES:
+        importlib.import_module(MODEL_MODULES[name])  # registers it
+    cls = MODEL_CLASSES.get(name)
     if cls is None:
         raise AttnlabError(f"the config names the model class {spec.get('class')!r}, which no loaded module registers")
     try:
