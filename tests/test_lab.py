@@ -95,6 +95,11 @@ def test_encoding_properties_match_numpy(small_run):
     assert odd["gap_distances"]["spread"] == pytest.approx(np.ptp(gaps_odd), rel=1e-6)
     assert odd["norm_spread"] > 1e-6 and enc["norm_spread"] < 1e-12  # rounding noise only for even d
     assert enc["angles"][1][:4] == pytest.approx([1.0, 1.0, 0.1, 0.1])
+    seed = enc["seed_width"]  # seed 000's d = 100 figures, which the page quotes when its width differs
+    pe100 = np_encoding(3, 100)
+    assert seed["d"] == 100 and seed["sqrt_half_d"] == pytest.approx(math.sqrt(50))
+    assert seed["gap_distance"] == pytest.approx(np.linalg.norm(pe100[0] - pe100[2]), abs=1e-9)
+    assert round(seed["gap_distance"], 6) == 3.266878  # the seed's printed value
     assert enc["table_shape"] == [50, 512]
     assert enc["row0_first8"] == [0.0, 1.0] * 4
     assert enc["row1_first8"] == pytest.approx([0.8415, 0.5403, 0.8219, 0.5697, 0.802, 0.5974, 0.7819, 0.6234])
@@ -172,6 +177,9 @@ def test_masks_model_order_and_explorer_numbers(small_run):
         assert entry["row_sums"] == pytest.approx([1.0] * 6, abs=1e-5)
         hidden = np.array(entry["hidden"])
         assert np.array(entry["weights"])[hidden].sum() == 0.0
+    quoted, late = explorer["quoted"], explorer["tokens"].index("late")  # the numbers the notes quote
+    assert quoted["late_to_padding_none"] == pytest.approx(sum(explorer["masks"]["none"]["weights"][late][4:]))
+    assert quoted["my_to_itself_causal"] == pytest.approx(1.0)
 
 
 def test_page_is_self_contained_with_every_section(small_run):

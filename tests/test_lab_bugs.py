@@ -69,6 +69,8 @@ def test_training_flag(section):
     n = section.numbers["training_flag"]
     assert n["train_max_difference"] > 0 and n["eval_identical"]
     assert n["mode_check_dropout_at_eval"] == "fail"
+    evidence = n["mode_check_evidence"]  # the page quotes "by up to ..." from here
+    assert evidence["max_diff"] > evidence["bound"] and f"{evidence['max_diff']:.2f}" in n["mode_check_summary"]
 
 
 def test_full_width_heads_are_larger(section):

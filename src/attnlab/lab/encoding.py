@@ -182,6 +182,7 @@ def properties_section(d: int, max_length: int) -> Section:
         "d": d,
         "positions": max_length,
         "sqrt_half_d": reference,
+        "seed_width": {"d": SEED_WIDTH, "sqrt_half_d": math.sqrt(SEED_WIDTH / 2), "gap_distance": seed_gap()},
         "norms": _at(norms, norm_at),
         "norm_spread": _spread(norms),
         "gap_distances": {"k": GAP_K, "values": _at(gaps, gap_at), "spread": _spread(gaps)},

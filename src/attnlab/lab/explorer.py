@@ -73,6 +73,17 @@ def explorer_weights() -> dict[str, dict]:
     return out
 
 
+def _quoted(data: dict[str, dict]) -> dict[str, float]:
+    """The weights the notes below quote, by name (for ``numbers.json``)."""
+    w = {k: torch.tensor(v["weights"]) for k, v in data.items()}
+    late, parcel = TOKENS.index("late"), TOKENS.index("parcel")
+    top = int(w["padding"][late, :4].argmax())
+    return {"late_to_padding_none": float(w["none"][late, 4:].sum()),
+            f"late_to_{TOKENS[top]}_padding": float(w["padding"][late, top]),
+            "my_to_itself_causal": float(w["causal"][0, 0]), "parcel_to_my_causal": float(w["causal"][parcel, 0]),
+            "parcel_to_itself_causal": float(w["causal"][parcel, parcel])}
+
+
 def _notes(data: dict[str, dict]) -> dict[str, str]:
     """One sentence per mask, written from the computed numbers."""
     w = {k: torch.tensor(v["weights"]) for k, v in data.items()}
@@ -157,6 +168,6 @@ def explorer_section() -> Section:
                  "when it pools), and with padding at the end the causal mask already hides the padding from the",
                  "real tokens, so adding the padding mask changes only the padding rows.")
     numbers = {"tokens": TOKENS, "preset": "tiny-router", "block": 1, "hidden_counts": counts,
-               "rows_sum_to_one": rows_ok, "masks": data}
+               "rows_sum_to_one": rows_ok, "quoted": _quoted(data), "masks": data}
     highlights = [("mask explorer hidden cells", ", ".join(f"{k} {v}" for k, v in counts.items()))]
     return Section("explorer", "Mask explorer", numbers, body, highlights)

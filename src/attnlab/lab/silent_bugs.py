@@ -192,7 +192,8 @@ def _training_flag(n: dict, model: Transformer) -> str:
     verdict = run_checks(_ForgotEval(model), SEQ2SEQ, seeds=1, only=["mode"]).results[0]
     model.eval()
     n["training_flag"] = {"train_max_difference": float((train[0] - train[1]).abs().max()),
-                          "eval_identical": bool(torch.equal(*evals)), "mode_check_dropout_at_eval": verdict.status}
+                          "eval_identical": bool(torch.equal(*evals)), "mode_check_dropout_at_eval": verdict.status,
+                          "mode_check_summary": verdict.summary, "mode_check_evidence": verdict.evidence}
     return (heading("5. The training flag forgotten")
             + code(f"encoder layer, two calls in train mode: largest difference "
                    f"{n['training_flag']['train_max_difference']:.4f}; in eval mode identical: "
