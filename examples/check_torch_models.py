@@ -4,6 +4,7 @@
     attnlab check examples/check_torch_models.py:torch_decoder --kind decoder
     attnlab check examples/check_torch_models.py:torch_seq2seq --kind seq2seq
     attnlab check examples/check_torch_models.py:torch_encoder_as_decoder --kind decoder   # fails: causal
+    attnlab check examples/check_torch_models.py:torch_decoder_hide_mask_added --kind decoder   # fails: causal
 
 Every model is tiny (width 16, two layers), randomly initialised, takes ids in 0..31 with 0 as
 padding and at most 16 positions: the command's defaults. Masks cross into torch's conventions
@@ -23,8 +24,8 @@ from attnlab.nn.masks import causal_mask, padding_mask, to_additive_mask, to_key
 
 VOCAB, WIDTH, HEADS, FF, LAYERS, MAX_LEN, PAD = 32, 16, 2, 32, 2, 16, 0
 
-# In eval mode torch's encoder packs padded batches into nested tensors (and so gives zeros, not NaN, on
-# an all-padding row); it warns on every call that the API is a prototype.
+# Without gradients (inference) torch's encoder packs padded batches into nested tensors; it warns on every
+# call that the API is a prototype.
 warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors", category=UserWarning)
 
 
@@ -50,11 +51,14 @@ class TorchEncoder(nn.Module):
     Args:
         causal: add the look-ahead mask (a decoder-only LM).
         key_padding: hide padding keys (the encoder needs it; a causal model with right padding does not).
+        hide_mask_added: the porting bug: the look-ahead mask as floats 1 = hide, 0 = keep (another library's
+            convention). torch *adds* a float mask to the scores, so in training it hides nothing; its
+            inference fast path reads it as a bool mask and hides the future, so ``no_grad`` looks right.
     """
 
-    def __init__(self, *, causal: bool, key_padding: bool = True) -> None:
+    def __init__(self, *, causal: bool, key_padding: bool = True, hide_mask_added: bool = False) -> None:
         super().__init__()
-        self.causal, self.key_padding = causal, key_padding
+        self.causal, self.key_padding, self.hide_mask_added = causal, key_padding, hide_mask_added
         self.embed = Embed()
         layer = nn.TransformerEncoderLayer(WIDTH, HEADS, FF, dropout=0.1, batch_first=True)
         self.body = nn.TransformerEncoder(layer, LAYERS)
@@ -63,10 +67,13 @@ class TorchEncoder(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:
         hide = to_key_padding_mask(padding_mask(ids, PAD)) if self.key_padding else None
         mask = look_ahead(ids.shape[1]) if self.causal else None
+        if self.hide_mask_added:
+            mask = torch.triu(torch.ones(ids.shape[1], ids.shape[1], device=ids.device), diagonal=1)
         # torch wants both masks of one kind: make the padding one additive too when both are given.
         if hide is not None and mask is not None:
             hide = to_additive_mask(padding_mask(ids, PAD))[:, 0, 0, :]
-        return self.head(self.body(self.embed(ids), mask=mask, src_key_padding_mask=hide, is_causal=self.causal))
+        causal = self.causal and not self.hide_mask_added
+        return self.head(self.body(self.embed(ids), mask=mask, src_key_padding_mask=hide, is_causal=causal))
 
 
 class TorchSeq2Seq(nn.Module):
@@ -128,3 +135,9 @@ def torch_encoder_without_padding_mask() -> nn.Module:
 def torch_seq2seq_without_look_ahead() -> nn.Module:
     """Wrong on purpose: the decoder sees the whole target. ``--kind seq2seq`` fails causal."""
     return _built(lambda: TorchSeq2Seq(target_causal=False))
+
+
+def torch_decoder_hide_mask_added() -> nn.Module:
+    """Wrong on purpose: a 0/1 float look-ahead mask meant as "1 = hide", which torch adds to the scores.
+    ``--kind decoder`` fails causal (the training path leaks) and inference-path (``no_grad`` hides the leak)."""
+    return _built(lambda: TorchEncoder(causal=True, key_padding=False, hide_mask_added=True))

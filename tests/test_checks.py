@@ -20,6 +20,7 @@ from attnlab.checks import (
     assert_batch_independent,
     assert_causal,
     assert_finite,
+    assert_inference_path,
     assert_mode,
     assert_order_sensitive,
     assert_padding_content_ignored,
@@ -204,7 +205,7 @@ def test_a_model_that_calls_sys_exit_is_a_failed_check_not_the_end_of_the_run():
 
     report = run_checks(exits, Contract("encoder"), seeds=1)
     assert report.result("finite-outputs").summary.startswith("the model raised SystemExit: 3 (seed 0;")
-    assert report.failed and len(report.results) == 7
+    assert report.failed and len(report.results) == len(CHECKS)
 
 
 def test_trouble_in_the_check_itself_is_not_blamed_on_the_model(monkeypatch):
@@ -270,9 +271,9 @@ def test_assert_functions_pass_quietly_on_a_correct_model():
     encoder, decoder = Tiny(), Tiny(causal=True)
     assert assert_causal(decoder, seeds=2).status == "pass"
     for check in (assert_padding_invariant, assert_padding_content_ignored, assert_batch_independent,
-                  assert_order_sensitive, assert_finite, assert_mode):
+                  assert_order_sensitive, assert_finite, assert_mode, assert_inference_path):
         assert check(encoder, kind="encoder", seeds=2).status == "pass"
-    assert len(assert_all_checks(decoder, kind="decoder", seeds=2)) == 7
+    assert len(assert_all_checks(decoder, kind="decoder", seeds=2)) == len(CHECKS) == 8
 
 
 def test_assert_causal_raises_with_the_evidence():
@@ -314,6 +315,8 @@ WRONG = [
     (TORCH_EXAMPLES, "torch_encoder_as_decoder", "decoder", "causal"),
     (TORCH_EXAMPLES, "torch_encoder_without_padding_mask", "encoder", "padding-invariance"),
     (TORCH_EXAMPLES, "torch_seq2seq_without_look_ahead", "seq2seq", "causal"),
+    (TORCH_EXAMPLES, "torch_decoder_hide_mask_added", "decoder", "causal"),
+    (TORCH_EXAMPLES, "torch_decoder_hide_mask_added", "decoder", "inference-path"),
     (HF_EXAMPLES, "hf_bert_mask_inverted", "encoder", "padding-invariance"),
 ]
 
@@ -344,7 +347,7 @@ def test_external_models_pass_every_check_over_20_seeds(path, factory, kind):
     assert model.training == was_training
 
 
-@pytest.mark.parametrize(("path", "factory", "kind", "check"), WRONG, ids=[f for _, f, _, _ in WRONG])
+@pytest.mark.parametrize(("path", "factory", "kind", "check"), WRONG, ids=[f"{f}-{c}" for _, f, _, c in WRONG])
 def test_external_models_used_wrongly_fail(path, factory, kind, check):
     if path == HF_EXAMPLES:
         pytest.importorskip("transformers")
@@ -368,10 +371,10 @@ def test_cli_checks_each_external_model_as_json(path, factory, kind):
     assert report["passed"] and report["contract"]["kind"] == kind and report["seeds"] == 2
     assert [c["name"] for c in report["checks"]] == [
         "causal", "padding-invariance", "padding-content", "batch-independence", "order-sensitivity",
-        "finite-outputs", "mode"]
+        "finite-outputs", "mode", "inference-path"]
 
 
-@pytest.mark.parametrize(("path", "factory", "kind", "check"), WRONG, ids=[f for _, f, _, _ in WRONG])
+@pytest.mark.parametrize(("path", "factory", "kind", "check"), WRONG, ids=[f"{f}-{c}" for _, f, _, c in WRONG])
 def test_cli_exits_1_on_models_used_wrongly(path, factory, kind, check):
     if path == HF_EXAMPLES:
         pytest.importorskip("transformers")
@@ -475,7 +478,7 @@ def test_cli_rejects_a_bad_pad_id():
 
 
 @pytest.mark.parametrize(("option", "value", "message"), [
-    ("--vocab-size", 0, "Invalid value for '--vocab-size': 0 is not in the range x>=4."),
+    ("--vocab-size", 0, "Invalid value for '--vocab-size': 0 is not in the range 4<=x<=2147483647."),
     ("--max-length", 2, "Invalid value for '--max-length': 2 is not in the range x>=3."),
     ("--pad-id", 40, "Invalid value for '--pad-id': 40 is outside the vocabulary 0..31 (--vocab-size 32)"),
 ])
@@ -494,7 +497,7 @@ def test_cli_exits_1_when_outputs_are_nan_though_the_comparisons_skip(tmp_path):
     statuses = {c["name"]: c["status"] for c in json.loads(result.stdout)["checks"]}
     assert statuses == {"causal": "skip", "padding-invariance": "skip", "padding-content": "skip",
                         "batch-independence": "skip", "order-sensitivity": "skip", "finite-outputs": "fail",
-                        "mode": "skip"}
+                        "mode": "skip", "inference-path": "skip"}
 
 
 def test_plain_callables_are_checked_without_switching_modes():
@@ -512,3 +515,53 @@ def test_printing_a_report_shows_the_table_and_the_tally():
     text = str(report)
     assert text.startswith("attnlab check (decoder") and "causal" in text and "PASS" in text
     assert text.splitlines()[-1] == report.footer() and "CheckReport(" not in text
+
+
+def test_evidence_with_square_brackets_prints_as_text_not_markup(tmp_path):
+    (tmp_path / "brackets.py").write_text(
+        "def factory():\n"
+        "    def model(ids):\n"
+        "        raise ValueError('mask must be [batch, keys]; got [/b] and [bold]x[/bold]')\n"
+        "    return model\n")
+    result = invoke(f"{tmp_path / 'brackets.py'}:factory", "--kind", "decoder", "--seeds", 1)
+    assert result.exit_code == 1  # a failed report, not a crash of the table
+    out = "".join(result.stdout.split())  # the table folds long cells over lines
+    assert "[batch,keys];got[/b]and[bold]x[/bold]" in out
+
+
+def test_run_checks_refuses_a_contract_that_is_not_one_and_a_model_that_cannot_be_called():
+    with pytest.raises(TypeError, match=r"contract must be an attnlab.checks.Contract, e.g. Contract\('decoder'\)"):
+        run_checks(Tiny(causal=True), "decoder")
+    with pytest.raises(TypeError, match="model must be callable"):
+        run_checks(None, Contract("decoder"))
+
+
+def test_cli_refuses_a_vocabulary_too_large_to_draw_ids_from():
+    result = invoke(f"{TORCH_EXAMPLES}:torch_encoder", "--kind", "encoder", "--vocab-size", 10**20)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: Invalid value for '--vocab-size'")
+    with pytest.raises(AttnlabError, match="vocab size must be between 4 and"):
+        Contract("encoder", vocab_size=10**20)
+
+
+def test_a_spec_file_imports_its_neighbours_and_its_prints_stay_off_stdout(tmp_path):
+    (tmp_path / "neighbour.py").write_text("import torch\nSCALE = 2.0\n")
+    (tmp_path / "model.py").write_text(
+        "import torch\n"
+        "from neighbour import SCALE\n"  # as `python model.py` would find it
+        "def factory():\n"
+        "    print('building the model')\n"
+        "    def model(ids):\n"
+        "        print('called')\n"
+        "        return SCALE * torch.nn.functional.one_hot(ids, 32).float().cumsum(1)\n"
+        "    return model\n")
+    result = invoke(f"{tmp_path / 'model.py'}:factory", "--kind", "decoder", "--seeds", 1, "--json")
+    report = json.loads(result.stdout)  # nothing but the JSON on stdout
+    assert report["checks"][0]["name"] == "causal" and report["checks"][0]["status"] == "pass"
+    assert "building the model" in result.stderr and "called" in result.stderr
+
+
+def test_cli_missing_kind_is_one_error_line():
+    result = invoke(f"{TORCH_EXAMPLES}:torch_encoder")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "Missing option '--kind'" in result.stderr and "encoder, decoder, seq2seq" in result.stderr

@@ -14,7 +14,11 @@ check                  what must hold                                           
 ``order-sensitivity``  reordering tokens changes the output                     no positions (000, 004)
 ``finite-outputs``     full, padded, empty and longest rows are finite          inverted padding mask (004)
 ``mode``               eval deterministic; train differs if dropout             dropout at eval (000)
+``inference-path``     no_grad outputs = outputs with gradients on              float 0/1 mask torch adds
 =====================  =======================================================  ===========================
+
+The model is called with gradients on, as training calls it: without them torch's own layers take a
+fast path that reads masks differently, which can hide a leak (see :mod:`attnlab.checks.inference`).
 
 Outputs agree within :data:`~attnlab.checks.compare.TOLERANCE` (``1e-5 + 1e-4 x max|output|``); a
 comparison with a NaN or infinite output decides nothing, and a check left with none skips.
@@ -29,6 +33,7 @@ from attnlab.checks.asserts import (
     assert_batch_independent,
     assert_causal,
     assert_finite,
+    assert_inference_path,
     assert_mode,
     assert_order_sensitive,
     assert_padding_content_ignored,
@@ -44,7 +49,7 @@ from attnlab.checks.runner import CHECKS, run_check, run_checks
 
 __all__ = [
     "HFAdapter",
-    "assert_all_checks", "assert_batch_independent", "assert_causal", "assert_finite", "assert_mode",
+    "assert_all_checks", "assert_batch_independent", "assert_causal", "assert_finite", "assert_inference_path", "assert_mode",
     "assert_order_sensitive", "assert_padding_content_ignored", "assert_padding_invariant",
     "output_tensor", "TOLERANCE", "Tolerance", "KINDS", "Contract", "load_factory", "load_model",
     "CheckReport", "CheckResult", "CHECKS", "run_check", "run_checks",

@@ -71,6 +71,12 @@ def assert_mode(model: Callable[..., Any], *, kind: Kind, seeds: int | Iterable[
     return _assert_check("mode", model, kind, seeds, contract)
 
 
+def assert_inference_path(model: Callable[..., Any], *, kind: Kind, seeds: int | Iterable[int] = 5,
+                          **contract: Any) -> CheckResult:
+    """Outputs under ``torch.no_grad()`` equal those with gradients on (the path training takes)."""
+    return _assert_check("inference-path", model, kind, seeds, contract)
+
+
 def assert_all_checks(model: Callable[..., Any], *, kind: Kind, seeds: int | Iterable[int] = 5,
                       **contract: Any) -> list[CheckResult]:
     """Every check; the message lists each failure with its evidence."""

@@ -1,4 +1,9 @@
-"""Calling a model as a black box: one adaptation of what it returns, no gradients, its mode.
+"""Calling a model as a black box: one adaptation of what it returns, gradients on, its mode.
+
+Models are called with gradients enabled, as training calls them: without gradients PyTorch's own layers
+(``nn.TransformerEncoderLayer``, ``nn.MultiheadAttention``) take a fused inference fast path that reads
+masks differently (a float 0/1 mask as a bool one, padding as nested tensors), so a mask bug that leaks
+the future in training can vanish under ``torch.no_grad()``. The ``inference-path`` check compares the two.
 
 Models return a tensor, a tuple (attnlab's models with ``return_attention``, many hand-written ones),
 or a Hugging Face ``ModelOutput``. :func:`output_tensor` is the only place that knows about these.
@@ -64,7 +69,8 @@ class ModelUnderTest:
     """A model and its contract, called the same way by every check.
 
     ``mut(ids)`` (encoder, decoder) or ``mut(src, tgt)`` (seq2seq) returns the output tensor, computed
-    under ``torch.no_grad()`` on the model's device, with its batch axis checked, on the CPU. An
+    with gradients enabled (``grad``; see the module docstring) on the model's device, detached, with its
+    batch axis checked, on the CPU. An
     exception of the model comes out as :class:`ModelRaised`, an unusable output as :class:`OutputError`.
     :attr:`last_input` holds the ids of the latest call so that either can be reported with its input.
     """
@@ -78,7 +84,18 @@ class ModelUnderTest:
         self.last_input: dict[str, list[list[int]]] = {}
         #: The seed the running check is on, for the evidence of an exception.
         self.seed: int | None = None
+        #: Call with gradients enabled (the training path); :meth:`without_grad` turns it off for a while.
+        self.grad = True
         self._per_position: bool | None = None
+
+    @contextmanager
+    def without_grad(self) -> Iterator[None]:
+        """Calls inside run under ``torch.no_grad()``, as inference does."""
+        self.grad = False
+        try:
+            yield
+        finally:
+            self.grad = True
 
     def __call__(self, ids: Tensor, tgt: Tensor | None = None) -> Tensor:
         """(batch, seq) ids, and for seq2seq (batch, tgt_seq) target ids -> the output tensor."""
@@ -86,7 +103,7 @@ class ModelUnderTest:
         if seq2seq != (tgt is not None):
             raise ValueError("seq2seq models take (src, tgt); other kinds take ids only")
         self.last_input = {"src": ids.tolist(), "tgt": tgt.tolist()} if tgt is not None else {"ids": ids.tolist()}
-        with torch.no_grad():
+        with torch.set_grad_enabled(self.grad):
             ids_on = ids.to(self.device)
             try:
                 raw = self.model(ids_on, tgt.to(self.device)) if tgt is not None else self.model(ids_on)

@@ -17,6 +17,8 @@ KINDS: tuple[str, ...] = ("encoder", "decoder", "seq2seq")
 MIN_VOCAB_SIZE = 4
 #: order-sensitivity reorders two tokens before a third; padding-content needs two tokens and a pad column.
 MIN_MAX_LENGTH = 3
+#: Ids are drawn as int64 below vocab_size; any real vocabulary is far smaller than this.
+MAX_VOCAB_SIZE = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,9 @@ class Contract:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise AttnlabError(f"unknown model kind {self.kind!r}; use one of {', '.join(KINDS)}")
-        if self.vocab_size < MIN_VOCAB_SIZE:
-            raise AttnlabError(f"vocab size must be at least {MIN_VOCAB_SIZE} for the checks, got {self.vocab_size}")
+        if not MIN_VOCAB_SIZE <= self.vocab_size <= MAX_VOCAB_SIZE:
+            raise AttnlabError(f"vocab size must be between {MIN_VOCAB_SIZE} and {MAX_VOCAB_SIZE:,} for the checks, "
+                               f"got {self.vocab_size}")
         if self.max_length < MIN_MAX_LENGTH:
             raise AttnlabError(f"max length must be at least {MIN_MAX_LENGTH} for the checks, got {self.max_length}")
         if self.pad_id is not None and not 0 <= self.pad_id < self.vocab_size:

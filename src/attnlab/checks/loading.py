@@ -4,7 +4,9 @@ The factory takes no arguments and returns the callable model. Every way this ca
 file or module, no such factory, an import or the factory raising or calling ``sys.exit``, a factory
 returning something that cannot be called) is an :class:`~attnlab.errors.AttnlabError` with one line
 that says which. A ``module:factory`` spec is looked up from the current directory too, as
-``python -m`` and ``uvicorn`` do, so ``attnlab check mymodels:factory`` finds ``./mymodels.py``.
+``python -m`` and ``uvicorn`` do, so ``attnlab check mymodels:factory`` finds ``./mymodels.py``; a
+``file.py:factory`` spec puts the file's own folder on the path, as ``python file.py`` does, so the file
+can import its neighbours.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ def _import_file(path: Path) -> ModuleType:
         raise AttnlabError(f"cannot import {path} as Python")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and pickling look their module up here
+    # As `python file.py` does: the file's folder goes on the path, so `from model import GPT` next to it works.
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
     except KeyboardInterrupt:

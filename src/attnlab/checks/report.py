@@ -69,12 +69,12 @@ class CheckReport:
         spec = f" {self.spec}" if self.spec else ""
         title = (f"attnlab check{spec} ({c.kind}, {self.output} output; pad {pad}, vocab {c.vocab_size}, "
                  f"max length {c.max_length}, {len(self.seeds)} seed{'s' if len(self.seeds) != 1 else ''})")
-        table = Table(title=title, title_justify="left")
+        table = Table(title=Text(title), title_justify="left")
         table.add_column("check")
         table.add_column("result")
         table.add_column("evidence", overflow="fold")
         for r in self.results:
-            table.add_row(r.name, Text(r.status.upper(), style=STYLES[r.status]), r.summary)
+            table.add_row(r.name, Text(r.status.upper(), style=STYLES[r.status]), Text(r.summary))  # no markup
         return table
 
     def footer(self) -> str:

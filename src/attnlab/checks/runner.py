@@ -10,6 +10,7 @@ from attnlab.checks.calling import ModelRaised, ModelUnderTest, OutputError, mod
 from attnlab.checks.causal import check_causal
 from attnlab.checks.contract import Contract
 from attnlab.checks.finite import check_finite_outputs
+from attnlab.checks.inference import check_inference_path
 from attnlab.checks.mode import check_mode
 from attnlab.checks.order import check_order_sensitivity
 from attnlab.checks.padding import check_padding_content, check_padding_invariance
@@ -28,6 +29,7 @@ CHECKS: dict[str, CheckFn] = {
     "order-sensitivity": check_order_sensitivity,
     "finite-outputs": check_finite_outputs,
     "mode": check_mode,
+    "inference-path": check_inference_path,
 }
 
 
@@ -92,6 +94,10 @@ def run_checks(
         only: names of the checks to run (default all, see :data:`CHECKS`).
         spec: where the model came from, for the report.
     """
+    if not isinstance(contract, Contract):  # run_checks(model, "decoder") would fail every check obscurely
+        raise TypeError(f"contract must be an attnlab.checks.Contract, e.g. Contract('decoder'), got {contract!r}")
+    if not callable(model):
+        raise TypeError(f"model must be callable (an nn.Module or a function of ids), got {type(model).__name__}")
     names = list(CHECKS) if only is None else list(only)
     seed_values = seed_list(seeds)
     mut = ModelUnderTest(model, contract)

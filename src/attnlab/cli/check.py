@@ -3,18 +3,21 @@
 Python warnings raised while the model is built and checked (torch's "nested tensors are a prototype"
 from ``nn.TransformerEncoder`` with a padding mask, deprecations in the user's file) would otherwise
 break into the table, once per call. They are collected instead and each distinct one is printed once,
-as a ``warning: ...`` line on stderr after the report, so stdout stays the table (or the JSON) alone.
+as a ``warning: ...`` line on stderr after the report, so stdout stays the table (or the JSON) alone; what
+the factory or the model prints goes to stderr for the same reason.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import warnings
 from collections.abc import Iterable
 
 import click
 
-from attnlab.checks.contract import KINDS, MIN_MAX_LENGTH, MIN_VOCAB_SIZE, Contract
+from attnlab.checks.contract import KINDS, MAX_VOCAB_SIZE, MIN_MAX_LENGTH, MIN_VOCAB_SIZE, Contract
 from attnlab.checks.loading import load_model
 from attnlab.checks.runner import run_checks
 
@@ -43,7 +46,7 @@ def warning_lines(caught: Iterable[warnings.WarningMessage]) -> list[str]:
               help="encoder/decoder: model(ids); seq2seq: model(src, tgt).")
 @click.option("--pad-id", default="0", show_default=True, callback=_pad_id,
               help="Padding id (right padding), or 'none' for a model without padding.")
-@click.option("--vocab-size", type=click.IntRange(min=MIN_VOCAB_SIZE), default=32, show_default=True,
+@click.option("--vocab-size", type=click.IntRange(min=MIN_VOCAB_SIZE, max=MAX_VOCAB_SIZE), default=32, show_default=True,
               help="Ids are drawn below this (for seq2seq: the smaller vocabulary).")
 @click.option("--max-length", type=click.IntRange(min=MIN_MAX_LENGTH), default=16, show_default=True,
               help="Longest sequence the model accepts.")
@@ -67,8 +70,9 @@ def check(spec: str, kind: str, pad_id: int | None, vocab_size: int, max_length:
         # "always": the filters would otherwise show a warning raised on every call only the first time
         # per place, and we want to know each one was seen; the user's own filters still come first.
         warnings.simplefilter("always")
-        model = load_model(spec)
-        report = run_checks(model, contract, seeds=seeds, spec=spec)
+        with contextlib.redirect_stdout(sys.stderr):  # the model's own prints must not mix into the report
+            model = load_model(spec)
+            report = run_checks(model, contract, seeds=seeds, spec=spec)
     if as_json:
         click.echo(json.dumps(report.as_dict(), allow_nan=False))
     else:
