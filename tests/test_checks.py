@@ -565,3 +565,18 @@ def test_cli_missing_kind_is_one_error_line():
     result = invoke(f"{TORCH_EXAMPLES}:torch_encoder")
     assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "Missing option '--kind'" in result.stderr and "encoder, decoder, seq2seq" in result.stderr
+
+
+def test_failures_hint_at_the_option_that_usually_explains_them():
+    def nan_on_empty_rows(ids):
+        out = torch.nn.functional.one_hot(ids, 32).float().cumsum(1)
+        empty = (ids == 0).all(1)
+        return torch.where(empty[:, None, None], torch.full_like(out, float("nan")), out)
+
+    finite = run_checks(nan_on_empty_rows, Contract("decoder"), seeds=1, only=["finite-outputs"]).results[0]
+    assert finite.failed and "--no-empty-rows" in finite.summary
+    without_empty = run_checks(nan_on_empty_rows, Contract("decoder", empty_rows=False), seeds=1, only=["finite-outputs"])
+    assert without_empty.results[0].status == "pass"
+    small_table = torch.nn.Embedding(10, 4)  # ids up to 31 are drawn: an IndexError
+    raised = run_checks(small_table, Contract("encoder"), seeds=1, only=["padding-invariance"]).results[0]
+    assert raised.failed and "IndexError" in raised.summary and "--vocab-size 32" in raised.summary

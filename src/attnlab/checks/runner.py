@@ -54,7 +54,12 @@ def run_check(name: str, mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
             return CHECKS[name](mut, seeds)
     except ModelRaised as raised:  # the model raised on an input inside its contract: that is the finding
         err = raised.error
-        return _stopped(name, mut, f"the model raised {_first_line(err)}", {"exception": f"{type(err).__name__}: {err}"})
+        what = f"the model raised {_first_line(err)}"
+        if isinstance(err, IndexError):  # nearly always an embedding table smaller than the ids drawn
+            c = mut.contract
+            what += (f" [ids are drawn below --vocab-size {c.vocab_size}, rows are up to --max-length {c.max_length} "
+                     f"long: does the model take both?]")
+        return _stopped(name, mut, what, {"exception": f"{type(err).__name__}: {err}"})
     except OutputError as err:  # attnlab's own check of the output: the model raised nothing
         return _stopped(name, mut, str(err), {"output_error": str(err)})
     except Exception as err:  # anything else is the check's own trouble; a report beats a traceback
