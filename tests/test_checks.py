@@ -170,7 +170,8 @@ def test_an_exception_names_the_input_that_raised_it():
         return positions(torch.arange(ids.shape[1]))[None].expand(ids.shape[0], -1, -1)
 
     finite = run_checks(overruns, Contract("encoder", max_length=100), seeds=1, only=["finite-outputs"]).results[0]
-    assert finite.summary == ("the model raised IndexError: index out of range in self "
+    assert finite.summary == ("the model raised IndexError: index out of range in self [ids are drawn below "
+                              "--vocab-size 32, rows are up to --max-length 100 long: does the model take both?] "
                               "(seed 0; ids of shape (2, 100) with row lengths 100)")
 
 
