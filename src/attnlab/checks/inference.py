@@ -57,6 +57,8 @@ def check_inference_path(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
                            f"fast path, taken without gradients, reads masks its own way); input {ids.tolist()}")
                 evidence = {"seed": seed, "input": ids, "row": row, "finite_with_grad": finite_a,
                             "finite_without_grad": finite_b}
+                if src is not None:
+                    evidence["source"] = src
                 return CheckResult(NAME, "fail", summary, tol, done, evidence)
             if not tally.judge(diff) or diff.same:
                 continue
