@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from attnlab.checks.calling import ModelUnderTest
-from attnlab.checks.compare import NOT_FINITE, TOLERANCE, Tally
+from attnlab.checks.compare import TOLERANCE, Tally
 from attnlab.checks.inputs import generator, pad_rows, randint, random_lengths, random_tokens, short_width
 from attnlab.checks.result import CheckResult
 
@@ -59,7 +59,4 @@ def check_batch_independence(mut: ModelUnderTest, seeds: Sequence[int]) -> Check
             summary = (f"seed {seed}: row {first[0].tolist()} gave another output{where} (by up to "
                        f"{diff}) next to other rows")
             return CheckResult(NAME, "fail", summary, tol, done, evidence)
-    if not tally.judged:
-        return CheckResult(NAME, "skip", NOT_FINITE, tol, len(seeds))
-    return CheckResult(NAME, "pass", f"a row's output ignores its neighbours (largest difference "
-                       f"{tally.worst:.2g}){tally.note}", tol, len(seeds), {"max_diff": tally.worst})
+    return tally.verdict(NAME, tol, len(seeds), "a row's output ignores its neighbours")

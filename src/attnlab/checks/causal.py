@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from attnlab.checks.calling import ModelUnderTest
-from attnlab.checks.compare import NOT_FINITE, TOLERANCE, Tally
+from attnlab.checks.compare import TOLERANCE, Tally
 from attnlab.checks.inputs import generator, other_tokens, randint, random_source, random_tokens, short_width
 from attnlab.checks.result import CheckResult
 
@@ -58,9 +58,4 @@ def check_causal(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
                     f"{changed[r].tolist()}"
                 )
                 return CheckResult(NAME, "fail", summary, tol, done, evidence)
-    if not tally.judged:
-        return CheckResult(NAME, "skip", NOT_FINITE, tol, len(seeds))
-    return CheckResult(
-        NAME, "pass", f"no output moved when later tokens changed (largest difference {tally.worst:.2g}){tally.note}",
-        tol, len(seeds), {"max_diff": tally.worst},
-    )
+    return tally.verdict(NAME, tol, len(seeds), "no output moved when later tokens changed")

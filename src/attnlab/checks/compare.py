@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attnlab.checks.result import CheckResult
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -109,6 +111,14 @@ class Tally:
     def note(self) -> str:
         """The end of a passing summary: how many comparisons were left out, if any."""
         return f"; {self.left_out} comparison(s) with non-finite outputs left out" if self.left_out else ""
+
+    def verdict(self, name: str, tolerance: str, seeds: int, passed: str) -> CheckResult:
+        """The result of a check that found no failure: a skip when nothing could be judged, else a pass
+        whose summary is ``passed`` with the largest difference seen and the note."""
+        if not self.judged:
+            return CheckResult(name, "skip", NOT_FINITE, tolerance, seeds)
+        return CheckResult(name, "pass", f"{passed} (largest difference {self.worst:.2g}){self.note}", tolerance, seeds,
+                           {"max_diff": self.worst})
 
 
 def _finite_max(x: Tensor) -> float:

@@ -17,16 +17,8 @@ from collections.abc import Sequence
 import torch
 
 from attnlab.checks.calling import ModelUnderTest
-from attnlab.checks.compare import NOT_FINITE, TOLERANCE, Tally
-from attnlab.checks.inputs import (
-    generator,
-    pad_rows,
-    randint,
-    random_lengths,
-    random_source,
-    random_tokens,
-    short_width,
-)
+from attnlab.checks.compare import TOLERANCE, Tally
+from attnlab.checks.inputs import generator, padded_batch
 from attnlab.checks.result import CheckResult
 
 NAME = "inference-path"
@@ -37,11 +29,7 @@ def check_inference_path(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
     contract, tol, tally = mut.contract, TOLERANCE.describe(), Tally()
     for done, seed in enumerate(seeds, 1):
         mut.seed, gen = seed, generator(NAME, seed)
-        width = randint(gen, 2, short_width(contract))
-        pad = contract.pad_id
-        lengths = random_lengths(gen, 3, 1, width, padded=True) if pad is not None else [width] * 3
-        ids = pad_rows([random_tokens(gen, contract, n) for n in lengths], width, pad)
-        src = random_source(gen, contract, 3)
+        ids, lengths, src = padded_batch(gen, contract)
         training = mut.outputs(ids, src)
         with mut.without_grad():
             inference = mut.outputs(ids, src)
@@ -73,7 +61,4 @@ def check_inference_path(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
                        f"fast path reads a float 0/1 mask as a bool one: is a mask added to the scores that "
                        f"should hide?); input {ids.tolist()}")
             return CheckResult(NAME, "fail", summary, tol, done, evidence)
-    if not tally.judged:
-        return CheckResult(NAME, "skip", NOT_FINITE, tol, len(seeds))
-    return CheckResult(NAME, "pass", f"outputs under torch.no_grad() equal those with gradients on (largest "
-                       f"difference {tally.worst:.2g}){tally.note}", tol, len(seeds), {"max_diff": tally.worst})
+    return tally.verdict(NAME, tol, len(seeds), "outputs under torch.no_grad() equal those with gradients on")

@@ -104,3 +104,15 @@ def random_source(gen: torch.Generator, contract: Contract, batch: int) -> Tenso
     if contract.kind != "seq2seq":
         return None
     return random_tokens(gen, contract, batch, randint(gen, 1, short_width(contract)))
+
+
+def padded_batch(gen: torch.Generator, contract: Contract) -> tuple[Tensor, list[int], Tensor | None]:
+    """Three random rows of one random short width, right-padded to it (full rows without a pad id).
+
+    Returns (ids (3, width), the rows' real lengths, the seq2seq source from :func:`random_source` or None).
+    """
+    width = randint(gen, 2, short_width(contract))
+    pad = contract.pad_id
+    lengths = random_lengths(gen, 3, 1, width, padded=True) if pad is not None else [width] * 3
+    ids = pad_rows([random_tokens(gen, contract, n) for n in lengths], width, pad)
+    return ids, lengths, random_source(gen, contract, 3)

@@ -20,15 +20,7 @@ from torch import Tensor
 
 from attnlab.checks.calling import ModelUnderTest, mode
 from attnlab.checks.compare import NOT_FINITE, TOLERANCE, Difference, Tally
-from attnlab.checks.inputs import (
-    generator,
-    pad_rows,
-    randint,
-    random_lengths,
-    random_source,
-    random_tokens,
-    short_width,
-)
+from attnlab.checks.inputs import generator, padded_batch
 from attnlab.checks.result import CheckResult
 
 NAME = "mode"
@@ -50,11 +42,7 @@ def check_mode(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
     train_moved, dropout, switchable, tally = 0.0, False, False, Tally()
     for done, seed in enumerate(seeds, 1):
         mut.seed, gen = seed, generator(NAME, seed)
-        width = randint(gen, 2, short_width(contract))
-        pad = contract.pad_id
-        lengths = random_lengths(gen, 3, 1, width, padded=True) if pad is not None else [width] * 3
-        ids = pad_rows([random_tokens(gen, contract, n) for n in lengths], width, pad)
-        src = random_source(gen, contract, 3)
+        ids, _, src = padded_batch(gen, contract)
         with mode(mut.model, training=False):
             diff = _twice(mut, ids, src, seed)
         if not tally.judge(diff):

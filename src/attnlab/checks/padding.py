@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from attnlab.checks.calling import ModelUnderTest
-from attnlab.checks.compare import NOT_FINITE, TOLERANCE, Difference, Tally
+from attnlab.checks.compare import TOLERANCE, Difference, Tally
 from attnlab.checks.contract import Contract
 from attnlab.checks.inputs import (
     generator,
@@ -80,10 +80,7 @@ def check_padding_invariance(mut: ModelUnderTest, seeds: Sequence[int]) -> Check
                 source = f" (source {src_rows[i].tolist()})" if seq2seq else ""
                 what = f"row {row.tolist()}{source} alone vs padded in a batch of {ROWS}"
                 return _fail(INVARIANCE, seed, done, what, i, diff, inputs)
-    if not tally.judged:
-        return CheckResult(INVARIANCE, "skip", NOT_FINITE, tol, len(seeds))
-    return CheckResult(INVARIANCE, "pass", f"alone and padded in a batch agree (largest difference "
-                       f"{tally.worst:.2g}){tally.note}", tol, len(seeds), {"max_diff": tally.worst})
+    return tally.verdict(INVARIANCE, tol, len(seeds), "alone and padded in a batch agree")
 
 
 def check_padding_content(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
@@ -127,7 +124,4 @@ def check_padding_content(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckRes
                     if seq2seq:
                         inputs.update(source=src, changed_source=new_src)
                     return _fail(CONTENT, seed, done, f"{what}, row {i} {row.tolist()}", i, diff, inputs)
-    if not tally.judged:
-        return CheckResult(CONTENT, "skip", NOT_FINITE, tol, len(seeds))
-    return CheckResult(CONTENT, "pass", f"what sits under the padding changes nothing real (largest difference "
-                       f"{tally.worst:.2g}){tally.note}", tol, len(seeds), {"max_diff": tally.worst})
+    return tally.verdict(CONTENT, tol, len(seeds), "what sits under the padding changes nothing real")
