@@ -24,8 +24,8 @@ from attnlab.nn.masks import causal_mask, padding_mask, to_additive_mask, to_key
 
 VOCAB, WIDTH, HEADS, FF, LAYERS, MAX_LEN, PAD = 32, 16, 2, 32, 2, 16, 0
 
-# Without gradients (inference) torch's encoder packs padded batches into nested tensors; it warns on every
-# call that the API is a prototype.
+# On its inference fast path (the inference-path check) torch's encoder packs padded batches into nested
+# tensors; it warns on every call that the API is a prototype.
 warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors", category=UserWarning)
 
 
@@ -139,5 +139,5 @@ def torch_seq2seq_without_look_ahead() -> nn.Module:
 
 def torch_decoder_hide_mask_added() -> nn.Module:
     """Wrong on purpose: a 0/1 float look-ahead mask meant as "1 = hide", which torch adds to the scores.
-    ``--kind decoder`` fails causal (the training path leaks) and inference-path (``no_grad`` hides the leak)."""
+    ``--kind decoder`` fails causal (the training path leaks) and inference-path (the fast path hides the leak)."""
     return _built(lambda: TorchEncoder(causal=True, key_padding=False, hide_mask_added=True))

@@ -581,3 +581,31 @@ def test_failures_hint_at_the_option_that_usually_explains_them():
     small_table = torch.nn.Embedding(10, 4)  # ids up to 31 are drawn: an IndexError
     raised = run_checks(small_table, Contract("encoder"), seeds=1, only=["padding-invariance"]).results[0]
     assert raised.failed and "IndexError" in raised.summary and "--vocab-size 32" in raised.summary
+
+
+def test_the_checks_run_the_training_path_even_when_the_model_is_frozen_or_calls_no_grad_itself():
+    """torch takes its fast path whenever nothing needs a gradient; the checks switch it off instead."""
+    frozen = load_model(f"{TORCH_EXAMPLES}:torch_decoder_hide_mask_added").requires_grad_(False)
+    inner = load_model(f"{TORCH_EXAMPLES}:torch_decoder_hide_mask_added")
+
+    def no_grad_inside(ids):
+        with torch.no_grad():
+            return inner(ids)
+
+    for model in (frozen, no_grad_inside):
+        report = run_checks(model, Contract("decoder"), seeds=2, only=["causal", "inference-path"])
+        assert [r.status for r in report.results] == ["fail", "fail"], report
+
+
+def test_an_inference_only_wrapper_is_checked_without_gradients():
+    model = load_model(f"{TORCH_EXAMPLES}:torch_encoder")
+    as_numpy = lambda ids: torch.from_numpy(model(ids).numpy())  # noqa: E731 - fails on a tensor needing grad
+    assert not run_checks(as_numpy, Contract("encoder"), seeds=2).failed
+
+
+def test_half_precision_outputs_are_compared_at_their_own_precision():
+    report = run_checks(load_model(f"{TORCH_EXAMPLES}:torch_decoder").to(torch.bfloat16), Contract("decoder"), seeds=3)
+    assert not report.failed, report  # fast path against training path differ by bfloat16 rounding only
+    one_ulp = torch.tensor([1.5, -2.0]).to(torch.bfloat16)
+    assert difference(one_ulp, one_ulp + torch.tensor([0.0078125, 0.0]).to(torch.bfloat16)).same
+    assert not difference(torch.tensor([1.5, -2.0]), torch.tensor([1.5078125, -2.0])).same  # float32 keeps 1e-4

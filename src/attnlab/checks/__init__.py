@@ -14,11 +14,11 @@ check                  what must hold                                           
 ``order-sensitivity``  reordering tokens changes the output                     no positions (000, 004)
 ``finite-outputs``     full, padded, empty and longest rows are finite          inverted padding mask (004)
 ``mode``               eval deterministic; train differs if dropout             dropout at eval (000)
-``inference-path``     no_grad outputs = outputs with gradients on              float 0/1 mask torch adds
+``inference-path``     torch's inference fast path = the training path          float 0/1 mask torch adds
 =====================  =======================================================  ===========================
 
-The model is called with gradients on, as training calls it: without them torch's own layers take a
-fast path that reads masks differently, which can hide a leak (see :mod:`attnlab.checks.inference`).
+The model is called with torch's inference fast path switched off, so that it computes what training
+computes: the fast path reads masks differently and can hide a leak (see :mod:`attnlab.checks.inference`).
 
 Outputs agree within :data:`~attnlab.checks.compare.TOLERANCE` (``1e-5 + 1e-4 x max|output|``); a
 comparison with a NaN or infinite output decides nothing, and a check left with none skips.

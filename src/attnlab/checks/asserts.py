@@ -73,7 +73,7 @@ def assert_mode(model: Callable[..., Any], *, kind: Kind, seeds: int | Iterable[
 
 def assert_inference_path(model: Callable[..., Any], *, kind: Kind, seeds: int | Iterable[int] = 5,
                           **contract: Any) -> CheckResult:
-    """Outputs under ``torch.no_grad()`` equal those with gradients on (the path training takes)."""
+    """Outputs on torch's inference fast path equal those of the path training takes."""
     return _assert_check("inference-path", model, kind, seeds, contract)
 
 

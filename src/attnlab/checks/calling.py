@@ -1,9 +1,10 @@
-"""Calling a model as a black box: one adaptation of what it returns, gradients on, its mode.
+"""Calling a model as a black box: one adaptation of what it returns, no gradients, its mode.
 
-Models are called with gradients enabled, as training calls them: without gradients PyTorch's own layers
-(``nn.TransformerEncoderLayer``, ``nn.MultiheadAttention``) take a fused inference fast path that reads
-masks differently (a float 0/1 mask as a bool one, padding as nested tensors), so a mask bug that leaks
-the future in training can vanish under ``torch.no_grad()``. The ``inference-path`` check compares the two.
+Models are called under ``torch.no_grad()`` with PyTorch's inference fast path switched off
+(``torch.backends.mha``), so they compute what training computes: without gradients (or with every
+parameter frozen) ``nn.TransformerEncoderLayer`` and ``nn.MultiheadAttention`` otherwise take a fused path
+that reads masks differently (a float 0/1 mask as a bool one, padding as nested tensors), and a mask bug
+that leaks the future in training vanishes there. The ``inference-path`` check compares the two paths.
 
 Models return a tensor, a tuple (attnlab's models with ``return_attention``, many hand-written ones),
 or a Hugging Face ``ModelOutput``. :func:`output_tensor` is the only place that knows about these.
@@ -69,8 +70,8 @@ class ModelUnderTest:
     """A model and its contract, called the same way by every check.
 
     ``mut(ids)`` (encoder, decoder) or ``mut(src, tgt)`` (seq2seq) returns the output tensor, computed
-    with gradients enabled (``grad``; see the module docstring) on the model's device, detached, with its
-    batch axis checked, on the CPU. An
+    under ``torch.no_grad()`` with the fast path off (``fast_path``; see the module docstring) on the model's
+    device, with its batch axis checked, on the CPU. An
     exception of the model comes out as :class:`ModelRaised`, an unusable output as :class:`OutputError`.
     :attr:`last_input` holds the ids of the latest call so that either can be reported with its input.
     """
@@ -84,18 +85,18 @@ class ModelUnderTest:
         self.last_input: dict[str, list[list[int]]] = {}
         #: The seed the running check is on, for the evidence of an exception.
         self.seed: int | None = None
-        #: Call with gradients enabled (the training path); :meth:`without_grad` turns it off for a while.
-        self.grad = True
+        #: Let torch take its inference fast path (off: the path training takes); see :meth:`with_fast_path`.
+        self.fast_path = False
         self._per_position: bool | None = None
 
     @contextmanager
-    def without_grad(self) -> Iterator[None]:
-        """Calls inside run under ``torch.no_grad()``, as inference does."""
-        self.grad = False
+    def with_fast_path(self) -> Iterator[None]:
+        """Calls inside may take torch's fused inference fast path, as ``no_grad`` inference does."""
+        self.fast_path = True
         try:
             yield
         finally:
-            self.grad = True
+            self.fast_path = False
 
     def __call__(self, ids: Tensor, tgt: Tensor | None = None) -> Tensor:
         """(batch, seq) ids, and for seq2seq (batch, tgt_seq) target ids -> the output tensor."""
@@ -103,7 +104,7 @@ class ModelUnderTest:
         if seq2seq != (tgt is not None):
             raise ValueError("seq2seq models take (src, tgt); other kinds take ids only")
         self.last_input = {"src": ids.tolist(), "tgt": tgt.tolist()} if tgt is not None else {"ids": ids.tolist()}
-        with torch.set_grad_enabled(self.grad):
+        with torch.no_grad(), _fast_path(self.fast_path):
             ids_on = ids.to(self.device)
             try:
                 raw = self.model(ids_on, tgt.to(self.device)) if tgt is not None else self.model(ids_on)
@@ -164,6 +165,21 @@ class ModelUnderTest:
             raise OutputError(f"one row's outputs have shapes {tuple(a.shape)} and {tuple(b.shape)} in two calls; "
                               f"only the batch and position axes may change with the input")
         return difference(a, b, position_dims=1 if self.per_position else 0)
+
+
+@contextmanager
+def _fast_path(enabled: bool) -> Iterator[None]:
+    """Switch torch's MultiheadAttention / TransformerEncoder fast path on or off, and back afterwards."""
+    mha = getattr(torch.backends, "mha", None)  # torch >= 2.3
+    if mha is None:
+        yield
+        return
+    before = mha.get_fastpath_enabled()
+    mha.set_fastpath_enabled(enabled)
+    try:
+        yield
+    finally:
+        mha.set_fastpath_enabled(before)
 
 
 @contextmanager
