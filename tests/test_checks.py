@@ -170,9 +170,9 @@ def test_an_exception_names_the_input_that_raised_it():
         return positions(torch.arange(ids.shape[1]))[None].expand(ids.shape[0], -1, -1)
 
     finite = run_checks(overruns, Contract("encoder", max_length=100), seeds=1, only=["finite-outputs"]).results[0]
-    assert finite.summary == ("the model raised IndexError: index out of range in self [ids are drawn below "
-                              "--vocab-size 32, rows are up to --max-length 100 long: does the model take both?] "
-                              "(seed 0; ids of shape (2, 100) with row lengths 100)")
+    assert finite.summary == ("the model raised IndexError: index out of range in self [ids are drawn below vocab "
+                              "size 32 (--vocab-size), rows are up to max length 100 (--max-length) long: does the "
+                              "model take both?] (seed 0; ids of shape (2, 100) with row lengths 100)")
 
 
 @pytest.mark.parametrize(("model", "message"), [
@@ -580,7 +580,7 @@ def test_failures_hint_at_the_option_that_usually_explains_them():
     assert without_empty.results[0].status == "pass"
     small_table = torch.nn.Embedding(10, 4)  # ids up to 31 are drawn: an IndexError
     raised = run_checks(small_table, Contract("encoder"), seeds=1, only=["padding-invariance"]).results[0]
-    assert raised.failed and "IndexError" in raised.summary and "--vocab-size 32" in raised.summary
+    assert raised.failed and "IndexError" in raised.summary and "vocab size 32 (--vocab-size)" in raised.summary
 
 
 def test_the_checks_run_the_training_path_even_when_the_model_is_frozen_or_calls_no_grad_itself():

@@ -57,8 +57,8 @@ def run_check(name: str, mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
         what = f"the model raised {_first_line(err)}"
         if isinstance(err, IndexError):  # nearly always an embedding table smaller than the ids drawn
             c = mut.contract
-            what += (f" [ids are drawn below --vocab-size {c.vocab_size}, rows are up to --max-length {c.max_length} "
-                     f"long: does the model take both?]")
+            what += (f" [ids are drawn below vocab size {c.vocab_size} (--vocab-size), rows are up to max length "
+                     f"{c.max_length} (--max-length) long: does the model take both?]")
         return _stopped(name, mut, what, {"exception": f"{type(err).__name__}: {err}"})
     except OutputError as err:  # attnlab's own check of the output: the model raised nothing
         return _stopped(name, mut, str(err), {"output_error": str(err)})
