@@ -16,6 +16,7 @@ returning something the checks cannot use (:class:`OutputError`, the tool's own 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.checks.compare import Difference, difference
+from attnlab.checks.compare import TOLERANCE, Difference, Tolerance, difference
 from attnlab.checks.contract import Contract
 
 #: Fields of an output object that hold per-position outputs, in the order they are preferred.
@@ -92,11 +93,11 @@ class ModelUnderTest:
     @contextmanager
     def with_fast_path(self) -> Iterator[None]:
         """Calls inside may take torch's fused inference fast path, as ``no_grad`` inference does."""
-        self.fast_path = True
+        before, self.fast_path = self.fast_path, True
         try:
             yield
         finally:
-            self.fast_path = False
+            self.fast_path = before
 
     def __call__(self, ids: Tensor, tgt: Tensor | None = None) -> Tensor:
         """(batch, seq) ids, and for seq2seq (batch, tgt_seq) target ids -> the output tensor."""
@@ -159,27 +160,35 @@ class ModelUnderTest:
         """Row ``row``'s outputs on its first ``length`` positions, or its pooled output."""
         return out[row, :length] if self.per_position else out[row]
 
-    def compare(self, a: Tensor, b: Tensor) -> Difference:
+    def compare(self, a: Tensor, b: Tensor, tolerance: Tolerance = TOLERANCE) -> Difference:
         """:func:`~attnlab.checks.compare.difference` of two of one row's outputs, positions named if any."""
         if a.shape != b.shape:
             raise OutputError(f"one row's outputs have shapes {tuple(a.shape)} and {tuple(b.shape)} in two calls; "
                               f"only the batch and position axes may change with the input")
-        return difference(a, b, position_dims=1 if self.per_position else 0)
+        return difference(a, b, position_dims=1 if self.per_position else 0, tolerance=tolerance)
+
+
+#: Whether this torch can switch its MultiheadAttention / TransformerEncoder fast path (torch >= 2.3 can).
+FAST_PATH_SWITCH = hasattr(torch.backends, "mha") and hasattr(torch.backends.mha, "set_fastpath_enabled")
+
+#: The fast-path flag is process-wide: :func:`~attnlab.checks.runner.run_checks` holds this lock while it
+#: runs, so that checks in two threads cannot interleave their switching.
+FAST_PATH_LOCK = threading.RLock()
 
 
 @contextmanager
 def _fast_path(enabled: bool) -> Iterator[None]:
     """Switch torch's MultiheadAttention / TransformerEncoder fast path on or off, and back afterwards."""
-    mha = getattr(torch.backends, "mha", None)  # torch >= 2.3
-    if mha is None:
+    if not FAST_PATH_SWITCH:
         yield
         return
-    before = mha.get_fastpath_enabled()
-    mha.set_fastpath_enabled(enabled)
-    try:
-        yield
-    finally:
-        mha.set_fastpath_enabled(before)
+    with FAST_PATH_LOCK:
+        before = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(enabled)
+        try:
+            yield
+        finally:
+            torch.backends.mha.set_fastpath_enabled(before)
 
 
 @contextmanager

@@ -83,7 +83,7 @@ def check_finite_outputs(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
             summary = (f"seed {seed}: {int(bad.sum())} of {bad.numel()} values not finite on the "
                        f"{', '.join(evidence['rows'])} (row {rows[0]}: {ids[rows[0]].tolist()}) at [row, position] "
                        f"{where[:6]}{' ...' if len(where) > 6 else ''}")
-            if all("all-padding" in evidence["rows"][i] for i in range(len(rows))):
+            if all("all-padding" in name for name in evidence["rows"]):
                 summary += ("; only rows made of padding: if the model refuses them by design, "
                             "--no-empty-rows (Contract(empty_rows=False)) leaves them out")
             return CheckResult(NAME, "fail", summary, tol, done, evidence)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from attnlab.checks.batch import check_batch_independence
-from attnlab.checks.calling import ModelRaised, ModelUnderTest, OutputError, mode
+from attnlab.checks.calling import FAST_PATH_LOCK, ModelRaised, ModelUnderTest, OutputError, mode
 from attnlab.checks.causal import check_causal
 from attnlab.checks.contract import Contract
 from attnlab.checks.finite import check_finite_outputs
@@ -98,6 +98,9 @@ def run_checks(
         seeds: how many seeds (``range(seeds)``) or which ones; every check runs on each.
         only: names of the checks to run (default all, see :data:`CHECKS`).
         spec: where the model came from, for the report.
+
+    While it runs, torch's process-wide MultiheadAttention fast-path flag is switched (and restored after
+    every call): calls in other threads meanwhile may take the other path. Runs in two threads take turns.
     """
     if not isinstance(contract, Contract):  # run_checks(model, "decoder") would fail every check obscurely
         raise TypeError(f"contract must be an attnlab.checks.Contract, e.g. Contract('decoder'), got {contract!r}")
@@ -106,5 +109,6 @@ def run_checks(
     names = list(CHECKS) if only is None else list(only)
     seed_values = seed_list(seeds)
     mut = ModelUnderTest(model, contract)
-    results = [run_check(name, mut, seed_values) for name in names]
+    with FAST_PATH_LOCK:  # the checks switch torch's process-wide fast-path flag; one run at a time
+        results = [run_check(name, mut, seed_values) for name in names]
     return CheckReport(contract, seed_values, results, per_position=mut.detected_per_position, spec=spec)
