@@ -625,3 +625,8 @@ def test_the_fast_path_flag_is_restored_after_the_checks_even_when_the_model_rai
             assert torch.backends.mha.get_fastpath_enabled() is before
         finally:
             torch.backends.mha.set_fastpath_enabled(True)
+
+
+def test_a_usage_error_keeps_the_users_own_text():
+    result = invoke(f"{TORCH_EXAMPLES}:torch_encoder", "--kind", "encoder", "--seeds", "a  b")
+    assert result.exit_code == 2 and "'a  b' is not a valid integer" in result.stderr

@@ -281,6 +281,9 @@ def test_the_epoch_timing_follows_the_batches_padded_sizes_not_the_typical_batch
     assert statistics.median(padded) * len(padded) < 0.5 * sum(padded)  # the skew this test is about
     estimate = time_one_epoch(Slow(), task, ClassifySettings(batch_size=8))
     assert estimate == pytest.approx(0.002 * len(padded) + per_token * sum(padded), rel=1e-9)
+    median = sorted(padded)[len(padded) // 2]  # one timed step: the median-sized batch, times the steps
+    assert time_one_epoch(Slow(), task, ClassifySettings(batch_size=8), steps=1) == pytest.approx(
+        (0.002 + per_token * median) * len(padded), rel=1e-9)
 
 
 def test_load_run_in_a_fresh_process_rebuilds_a_classifier_run(trained):

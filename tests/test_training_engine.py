@@ -291,3 +291,16 @@ def test_weights_of_another_shape_name_the_tensor_and_both_shapes(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file at all")
     with pytest.raises(AttnlabError, match="is not a readable safetensors file"):
         load_weights(wider, tmp_path / "junk.safetensors")
+
+
+def test_every_model_class_a_task_registers_is_listed_where_load_run_finds_it():
+    import importlib
+    import pkgutil
+
+    import attnlab.tasks
+    from attnlab.training.checkpoint import MODEL_CLASSES, MODEL_MODULES
+
+    for module in pkgutil.iter_modules(attnlab.tasks.__path__):
+        importlib.import_module(f"attnlab.tasks.{module.name}")
+    registered = {name: cls.__module__ for name, cls in MODEL_CLASSES.items() if cls.__module__.startswith("attnlab.tasks")}
+    assert registered == MODEL_MODULES

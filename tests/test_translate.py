@@ -283,3 +283,20 @@ def test_a_new_run_refuses_a_folder_that_holds_one_and_leaves_it_intact(toy):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "already holds a run; pass --resume" in lines[0], result.stderr
     assert {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_resume_keeps_the_runs_own_seed(toy, tmp_path):
+    """A run started with --seed 3 and restarted with plain --resume repeats the seed-3 run, not a seed-0 one."""
+    import shutil
+
+    args = ["train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src", "xx",
+            "--tgt", "yy", "--max-steps", "40", "--eval-every", "40", *SMALL]
+    run_cli(*args, "--out", tmp_path / "seed3", "--seed", "3")
+    killed = tmp_path / "killed"
+    shutil.copytree(tmp_path / "seed3", killed, ignore=shutil.ignore_patterns("checkpoint", "*.safetensors",
+                                                                              "result.json"))
+    result = run_cli(*args, "--out", killed, "--resume")
+    assert "resume: keeping the run's seed 3 (--seed 0 ignored)" in result.stderr
+    report, original = (json.loads((run / "result.json").read_text()) for run in (killed, tmp_path / "seed3"))
+    assert report["final_loss"] == pytest.approx(original["final_loss"], abs=1e-5)
+    assert json.loads((killed / "config.json").read_text())["train"]["seed"] == 3

@@ -50,7 +50,8 @@ class _MainGroup(LazyGroup):
                 sys.exit(err.exit_code)
             ctx = getattr(err, "ctx", None)
             hint = f" (see '{ctx.command_path} --help')" if isinstance(err, click.UsageError) and ctx else ""
-            message = " ".join(err.format_message().split())  # one line: Click lists choices on lines of their own
+            # One line: Click lists choices on lines of their own (the user's own text keeps its spaces).
+            message = " ".join(line.strip() for line in err.format_message().splitlines() if line.strip())
             click.echo(f"error: {message}{hint}", err=True)
             sys.exit(err.exit_code)
         except click.Abort as err:  # Click's form of KeyboardInterrupt (Ctrl-C) and of Terminated

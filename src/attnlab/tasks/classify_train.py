@@ -322,18 +322,28 @@ def time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySetti
         trainer = Trainer(probe, task, settings.train_config(1, 1, progress=False), scratch)
     optimizer, device = trainer.optimizer, trainer.place.device
     epoch = list(task.batches(0, distributed.Place()))
+    if not epoch:
+        raise AttnlabError("the training data produced no batches")
     sizes = [b.data["ids"].numel() for b in epoch]
     by_size = sorted(range(len(epoch)), key=sizes.__getitem__)
-    picked = [by_size[round(i * (len(epoch) - 1) / max(steps - 1, 1))] for i in range(steps)]
+    # `steps` batches evenly spread over the sizes, smallest to largest (one step: the median-sized batch)
+    picked = ([by_size[round(i * (len(epoch) - 1) / (steps - 1))] for i in range(steps)] if steps > 1
+              else [by_size[len(epoch) // 2]])
+
+    def clock() -> float:  # on a GPU the work is asynchronous: wait for it before reading the clock
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
     times = []
     probe.train()
     for i in picked[-1:] * 2 + picked:  # the largest batch first, untimed, twice
-        begin = time.perf_counter()
+        begin = clock()
         task.loss(probe, to_device(epoch[i].data, device)).backward()
         nn.utils.clip_grad_norm_(probe.parameters(), settings.grad_clip or math.inf)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - begin)
+        times.append(clock() - begin)
     timed, timed_sizes = times[2:], [sizes[i] for i in picked]
     train_seconds = statistics.median(timed) * len(epoch)  # all batches of one size: no line to fit
     if len(set(timed_sizes)) > 1:
@@ -343,9 +353,9 @@ def time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySetti
     probe.eval()
     with torch.no_grad():
         task.evaluate(probe)  # untimed: the first evaluation imports what it needs
-        begin = time.perf_counter()
+        begin = clock()
         task.evaluate(probe)
-        seconds = train_seconds + time.perf_counter() - begin
+        seconds = train_seconds + clock() - begin
     torch.set_rng_state(rng)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # joins the process group the engine would join anyway
         place = distributed.setup()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -325,6 +325,11 @@ def train_translation(
     if resume:
         run_cfg = read_run_config(out, TASK)
         saved = TranslateSettings.from_dict(run_cfg["settings"])
+        started_seed = run_cfg.get("train", {}).get("seed")
+        if started_seed is not None and started_seed != config.seed:
+            # The seed belongs to the run: it drew the first weights and orders every epoch's batches.
+            log(f"resume: keeping the run's seed {started_seed} (--seed {config.seed} ignored)")
+            config = replace(config, seed=started_seed)
         for line in _resume_differences(run_cfg, saved, settings, model_kwargs or {}, config):
             log(line)
         settings = saved
@@ -350,7 +355,7 @@ def train_translation(
     # Killed before its first checkpoint: build the weights the run started from (the same seed and saved
     # model settings) and start again from step 0, which repeats it exactly, as classify and lm do.
     restart = resume and not has_checkpoint(out)
-    if restart:
+    if restart and is_main_process():
         log(f"{out} has no checkpoint yet: starting the run again from step 0")
     if resume:
         model = rebuild_model(run_cfg["model"])
