@@ -630,3 +630,11 @@ def test_the_fast_path_flag_is_restored_after_the_checks_even_when_the_model_rai
 def test_a_usage_error_keeps_the_users_own_text():
     result = invoke(f"{TORCH_EXAMPLES}:torch_encoder", "--kind", "encoder", "--seeds", "a  b")
     assert result.exit_code == 2 and "'a  b' is not a valid integer" in result.stderr
+
+
+def test_a_constant_output_is_not_reported_as_permuted():
+    def constant(ids):
+        return torch.ones(*ids.shape, 4)
+
+    result = run_checks(constant, Contract("encoder"), seeds=1, only=["order-sensitivity"]).results[0]
+    assert result.failed and "the output is the same at every position and did not change" in result.summary

@@ -54,8 +54,12 @@ def check_order_sensitivity(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckR
             perm = reordering(gen, x)
             out, out_p = mut(x[None]), mut(x[perm][None])
             if mut.per_position:
-                # Compare with the permuted outputs: equal means the model only carried them along.
-                trials.append(("outputs were only permuted with the tokens", x, x[perm], out[0][perm], out_p[0], {}))
+                # Compare with the permuted outputs: equal means the model only carried them along, unless
+                # every position gave the same output, which reads the tokens no better.
+                constant = mut.compare(out[0], out[0][:1].expand_as(out[0])).same
+                what = ("the output is the same at every position and did not change" if constant
+                        else "outputs were only permuted with the tokens")
+                trials.append((what, x, x[perm], out[0][perm], out_p[0], {}))
             else:
                 trials.append(("the pooled output did not change", x, x[perm], out[0], out_p[0], {}))
         elif contract.kind == "decoder":
