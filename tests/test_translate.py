@@ -300,3 +300,19 @@ def test_resume_keeps_the_runs_own_seed(toy, tmp_path):
     report, original = (json.loads((run / "result.json").read_text()) for run in (killed, tmp_path / "seed3"))
     assert report["final_loss"] == pytest.approx(original["final_loss"], abs=1e-5)
     assert json.loads((killed / "config.json").read_text())["train"]["seed"] == 3
+
+
+def test_a_resume_from_a_damaged_checkpoint_is_one_error_and_changes_nothing(toy, tmp_path):
+    import shutil
+
+    run = tmp_path / "damaged"
+    shutil.copytree(toy["run"], run)
+    weights = run / "checkpoint" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:500])
+    before = {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    result = CliRunner().invoke(cli, [str(a) for a in (
+        "train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src", "xx",
+        "--tgt", "yy", "--out", run, "--resume", "--max-steps", "310", "--eval-every", "150", *SMALL)])
+    assert result.exit_code == 2 and result.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "is not a readable safetensors file" in result.stderr
+    assert {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # config.json too

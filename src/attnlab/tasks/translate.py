@@ -361,8 +361,6 @@ def train_translation(
         model = rebuild_model(run_cfg["model"])
         if restart:
             _init_embeddings(model)
-        if is_main_process():
-            write_run_config(out, {**run_cfg, "train": config_dict(config)})  # what the run continues with
     else:
         model = build_model((src_tok.vocab_size, tgt_tok.vocab_size), model_kwargs, share_embeddings=share_embeddings,
                             tie_output=tie_output, look_ahead_mask=settings.look_ahead_mask)
@@ -374,6 +372,8 @@ def train_translation(
     log(f"{len(train_pairs)} training pairs, {len(valid_pairs)} validation pairs; model {type(model).__name__} "
         f"with {model.num_parameters():,} parameters")
     result = run_training(model, task, config, out, resume=resume and not restart)
+    if resume and is_main_process():  # what the run continued with; not before: a resume that fails changes nothing
+        write_run_config(out, {**run_cfg, "train": config_dict(config)})
     if is_main_process():
         write_json_atomic(out / RESULT, {"steps": result.steps, "seconds": round(result.elapsed, 1),
                                          "tokens_per_second": round(result.tokens_per_second), "best": result.best,
