@@ -10,6 +10,8 @@ between them, so the saved page works without a server. Hidden cells are marked 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from attnlab.lab.html import Section, check, esc, fmt, para
@@ -73,34 +75,34 @@ def explorer_weights() -> dict[str, dict]:
     return out
 
 
-def _quoted(data: dict[str, dict]) -> dict[str, float]:
-    """The weights the notes below quote, by name (for ``numbers.json``)."""
+def _quoted(data: dict[str, dict]) -> dict[str, Any]:
+    """The figures the notes below quote, by name (the notes are written from these; ``numbers.json`` keeps them)."""
     w = {k: torch.tensor(v["weights"]) for k, v in data.items()}
     late, parcel = TOKENS.index("late"), TOKENS.index("parcel")
     top = int(w["padding"][late, :4].argmax())
-    return {"late_to_padding_none": float(w["none"][late, 4:].sum()),
-            f"late_to_{TOKENS[top]}_padding": float(w["padding"][late, top]),
+    return {"late_to_padding_tokens_none": w["none"][late, 4:].tolist(),
+            "late_to_padding_none": float(w["none"][late, 4:].sum()),
+            "late_top_token_padding": TOKENS[top], "late_to_top_token_padding": float(w["padding"][late, top]),
             "my_to_itself_causal": float(w["causal"][0, 0]), "parcel_to_my_causal": float(w["causal"][parcel, 0]),
-            "parcel_to_itself_causal": float(w["causal"][parcel, parcel])}
+            "parcel_to_itself_causal": float(w["causal"][parcel, parcel]),
+            "real_rows_both_vs_causal": float((w["both"][:4] - w["causal"][:4]).abs().max())}
 
 
-def _notes(data: dict[str, dict]) -> dict[str, str]:
-    """One sentence per mask, written from the computed numbers."""
-    w = {k: torch.tensor(v["weights"]) for k, v in data.items()}
-    late, parcel = TOKENS.index("late"), TOKENS.index("parcel")
-    top = int(w["padding"][late, :4].argmax())
-    both_vs_causal = float((w["both"][:4] - w["causal"][:4]).abs().max())
+def _notes(data: dict[str, dict], q: dict[str, Any]) -> dict[str, str]:
+    """One sentence per mask, written from the figures :func:`_quoted` picked out."""
+    first, second = q["late_to_padding_tokens_none"]
+    both_vs_causal = q["real_rows_both_vs_causal"]
     same = "identical" if both_vs_causal == 0.0 else f"largest difference {both_vs_causal:.1e}"
     return {
         "none": (f"No cell is hidden: every token reads every token, the padding too. 'late' gives "
-                 f"{fmt(w['none'][late, 4], 2)} + {fmt(w['none'][late, 5], 2)} of its attention to the two padding "
-                 f"tokens, {fmt(w['none'][late, 4:].sum(), 3)} in all."),
+                 f"{fmt(first, 2)} + {fmt(second, 2)} of its attention to the two padding "
+                 f"tokens, {fmt(q['late_to_padding_none'], 3)} in all."),
         "padding": (f"The two padding columns are hidden, {data['padding']['hidden_count']} of 36 cells. The real "
-                    f"tokens' weights grow to fill the gap: 'late' now gives {fmt(w['padding'][late, top], 2)} "
-                    f"to '{TOKENS[top]}'."),
+                    f"tokens' weights grow to fill the gap: 'late' now gives {fmt(q['late_to_top_token_padding'], 2)} "
+                    f"to '{q['late_top_token_padding']}'."),
         "causal": (f"The cells above the diagonal are hidden, {data['causal']['hidden_count']} of 36. 'my' reads "
-                   f"only itself ({fmt(w['causal'][0, 0], 2)}); 'parcel' gives {fmt(w['causal'][parcel, 0], 2)} "
-                   f"to 'my' and {fmt(w['causal'][parcel, parcel], 2)} to itself."),
+                   f"only itself ({fmt(q['my_to_itself_causal'], 2)}); 'parcel' gives "
+                   f"{fmt(q['parcel_to_my_causal'], 2)} to 'my' and {fmt(q['parcel_to_itself_causal'], 2)} to itself."),
         "both": (f"{data['both']['hidden_count']} of 36 cells are hidden. With the padding at the end the causal "
                  f"mask already hides it from the real tokens, so their rows match the causal table ({same}); "
                  "only the padding rows change."),
@@ -136,7 +138,8 @@ def _table(key: str, entry: dict, note: str) -> str:
 def explorer_section() -> Section:
     """Section 7: the interactive mask table."""
     data = explorer_weights()
-    notes = _notes(data)
+    quoted = _quoted(data)
+    notes = _notes(data, quoted)
     rows_ok = all(abs(s - 1.0) < 1e-5 for entry in data.values() for s in entry["row_sums"])
     hidden_zero = all(entry["hidden_weight"] == 0.0 for entry in data.values())
     n = len(TOKENS)
@@ -168,6 +171,6 @@ def explorer_section() -> Section:
                  "when it pools), and with padding at the end the causal mask already hides the padding from the",
                  "real tokens, so adding the padding mask changes only the padding rows.")
     numbers = {"tokens": TOKENS, "preset": "tiny-router", "block": 1, "hidden_counts": counts,
-               "rows_sum_to_one": rows_ok, "quoted": _quoted(data), "masks": data}
+               "rows_sum_to_one": rows_ok, "quoted": quoted, "masks": data}
     highlights = [("mask explorer hidden cells", ", ".join(f"{k} {v}" for k, v in counts.items()))]
     return Section("explorer", "Mask explorer", numbers, body, highlights)

@@ -304,11 +304,11 @@ def time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySetti
     The copy gets the engine's own optimizer (a throw-away :class:`~attnlab.training.Trainer`, which writes
     nothing until it trains), so the timing follows whatever the engine does. Batches are bucketed by length,
     so their padded sizes vary manyfold and are skewed (most batches short, a few long): on BANKING77 the
-    median of ten batches held 1.1 to 1.5 times fewer padded tokens than the average batch, so "median step x
-    steps" planned too many epochs and the time budget cut the schedule short. So ``steps`` batches spread from the epoch's smallest to
-    its largest are timed, a robust line ``seconds = a + b * padded tokens`` goes through them (Theil-Sen: one
-    step slowed by another program does not move it), and the epoch is that line summed over the epoch's real
-    batches. Two untimed steps first pay for allocation and lazy initialisation, and an untimed evaluation for
+    median of ten batches held 1.1 to 1.5 times fewer padded tokens than the average batch, so "median step
+    x steps" planned too many epochs and the time budget cut the schedule short. So ``steps`` batches spread
+    from the epoch's smallest to its largest are timed, a robust line ``seconds = a + b * padded tokens``
+    goes through them (Theil-Sen: one step slowed by another program does not move it), and the epoch is
+    that line summed over the epoch's real batches. Two untimed steps first pay for allocation and lazy initialisation, and an untimed evaluation for
     the imports of the first one. Torch's random state is put back, so the run itself is the same as without
     the measurement. Under torchrun every process uses rank 0's figure (they must agree on the number of steps).
     """
