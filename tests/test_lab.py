@@ -10,12 +10,14 @@ import os
 import re
 from pathlib import Path
 
+import click
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from scipy.spatial import procrustes
 
 from attnlab.cli.main import cli
+from attnlab.cli.params import PathParam
 from attnlab.errors import AttnlabError
 from attnlab.lab import run_lab
 from attnlab.lab.glove import load_text, width_from_name
@@ -180,17 +182,27 @@ def test_masks_model_order_and_explorer_numbers(small_run):
     quoted, late = explorer["quoted"], explorer["tokens"].index("late")  # the numbers the notes quote
     assert quoted["late_to_padding_none"] == pytest.approx(sum(explorer["masks"]["none"]["weights"][late][4:]))
     assert quoted["my_to_itself_causal"] == pytest.approx(1.0)
+    assert sum(quoted["late_to_real_tokens_padding"].values()) == pytest.approx(1.0)  # padding hidden: all on real
 
 
 def test_page_is_self_contained_with_every_section(small_run):
     _, _, out = small_run
     page = (out / "index.html").read_text()
-    for key in ("angles", "encoding", "glove", "masks", "model", "order", "explorer"):
+    for key in ("angles", "encoding", "glove", "masks", "model", "parameters", "order", "explorer",
+                "encoders_decoders", "bugs"):
         assert f'<section id="{key}">' in page
     assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing to fetch when the page is opened
     assert "<link" not in page
     assert page.count('src="data:image/png;base64,') >= 7
     assert sorted(p.name for p in out.iterdir()) == ["index.html", "numbers.json"]
+
+
+def test_the_glove_section_quotes_the_seeds_100d_figures_beside_its_own(small_run):
+    _, numbers, out = small_run
+    glove = re.search(r'<section id="glove">.*?</section>', (out / "index.html").read_text(), re.S).group(0)
+    assert numbers["glove"]["dim"] != 100 and "seed 000, d = 100" in glove
+    for figure in ("5.599 / 7.374", "5.599 / 5.674", "0.990159", "0.428852", "0.000378"):
+        assert figure in glove, figure
 
 
 # ---------------------------------------------------------------- bad input
@@ -375,3 +387,24 @@ def test_a_run_killed_outright_leaves_a_staging_folder_that_the_next_run_removes
     live.mkdir()
     run_lab(tmp_path / "r", glove=glove_file)
     assert (tmp_path / "r" / "index.html").is_file() and not orphans[0].exists() and live.exists()
+
+
+def test_an_empty_out_is_refused_instead_of_writing_into_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(run_cli("--out", ""), "'--out'", "empty")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_path_of_every_command_refuses_an_empty_name():
+    def commands(group: click.Group, ctx: click.Context):
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            if isinstance(command, click.Group):
+                yield from commands(command, ctx)
+            else:
+                yield name, command
+
+    paths = [(name, p.name, p.type) for name, command in commands(cli, click.Context(cli)) for p in command.params
+             if isinstance(p.type, click.Path)]
+    assert len(paths) > 20  # --out, --text, RUN, --glove, ... across the commands
+    assert [(name, param) for name, param, kind in paths if not isinstance(kind, PathParam)] == []

@@ -106,7 +106,8 @@ def test_every_figure_decodes(page):
 def test_every_section_is_there(page):
     driver, _ = page
     ids = driver.execute_script("return Array.from(document.querySelectorAll('section')).map(s => s.id);")
-    assert ids == ["angles", "encoding", "glove", "masks", "model", "order", "explorer", "bugs"]
+    assert ids == ["angles", "encoding", "glove", "masks", "model", "parameters", "order", "explorer",
+                   "encoders_decoders", "bugs"]
 
 
 def _visible_table_state(driver) -> dict:

@@ -1,4 +1,4 @@
-"""Section 8 of ``attnlab lab``: the silent bugs of seed 000's port and its review questions.
+"""Section 10 of ``attnlab lab``: the silent bugs of seed 000's port and its review questions.
 
 The section function is called directly and every behaviour it claims is asserted, some against an
 independent numpy computation; one small lab run checks that the page and numbers.json carry it.
@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from attnlab.lab import STEPS, run_lab
+from attnlab.lab.model_checks import encoder_layer_demo
 from attnlab.lab.silent_bugs import bugs_section
 from test_lab import DIM, small_vectors, write_glove
 
@@ -68,6 +69,8 @@ def test_rank_change_and_refusal(section):
 def test_training_flag(section):
     n = section.numbers["training_flag"]
     assert n["train_max_difference"] > 0 and n["eval_identical"]
+    # One measurement, one number: the figure is the one "The model" section shows for the same layer.
+    assert n["train_max_difference"] == encoder_layer_demo()[0]["train_max_difference"]
     assert n["mode_check_dropout_at_eval"] == "fail"
     evidence = n["mode_check_evidence"]  # the page quotes "by up to ..." from here
     assert evidence["max_diff"] > evidence["bound"] and f"{evidence['max_diff']:.2f}" in n["mode_check_summary"]
@@ -79,6 +82,8 @@ def test_full_width_heads_are_larger(section):
     # Four 512 x inner projections plus biases: inner = 8 * 512 with full-width heads, 512 per the paper.
     assert paper["key_dim_embedding_dim"] == 4 * 512 * 4096 + 3 * 4096 + 512
     assert paper["per_head"] == 4 * 512 * 512 + 4 * 512
+    # Seed 003: d_k = d_v = 64 over all eight heads: 3 x (512 x 64 + 64) + 64 x 512 + 512.
+    assert paper["seed003_d_k_64"] == 3 * (512 * 64 + 64) + 64 * 512 + 512 == 131_776
     assert all(v["key_dim_embedding_dim"] > v["per_head"] for v in n.values())
     assert n["lab-toy model"]["key_dim_embedding_dim"] == 7131
 

@@ -29,10 +29,10 @@ def test_the_explorer_note_adds_up_the_cells_it_quotes():
     section = explorer_section()
     late = section.numbers["tokens"].index("late")
     row = np.array(section.numbers["masks"]["none"]["weights"][late])
-    shown = re.search(r"'late' gives (\d\.\d\d) \+ (\d\.\d\d) of its attention to the two padding tokens, "
+    shown = re.search(r"'late' gives (\d\.\d\d\d) \+ (\d\.\d\d\d) of its attention to the two padding tokens, "
                       r"(\d\.\d\d\d) in all", text(section))
     assert shown, text(section)
-    assert [float(x) for x in shown.groups()] == [round(row[4], 2), round(row[5], 2), round(row[4:].sum(), 3)]
+    assert [float(x) for x in shown.groups()] == [round(row[4], 3), round(row[5], 3), round(row[4:].sum(), 3)]
 
 
 def test_the_masks_section_explains_axes_conventions_and_fully_hidden_rows():
@@ -60,3 +60,15 @@ def test_the_model_section_shows_padded_outputs_and_the_two_attention_shapes():
     assert min(demo["padded_output_norms"]) > 0  # padding hides keys; it does not zero the padded outputs
     assert demo["decoder_self_attention_shape"] == [2, 2, 3, 3]
     assert demo["decoder_cross_attention_shape"] == [2, 2, 3, 5]
+
+
+def test_heatmaps_name_what_their_colours_mean(monkeypatch):
+    drawn = []
+    monkeypatch.setattr(figures, "to_png", lambda fig: drawn.append(fig) or "")
+    square = np.eye(3)
+    figures.heatmap(square, title="t", xlabel="x", ylabel="y", value_label="PE value")
+    figures.heatmap_pair(square, square, ("a", "b"), "position", ("dot", "distance"))
+    figures.attention_maps([square, square], ["a", "b"], ["x", "x"], "y")
+    colour_bars = [ax.get_ylabel() for fig in drawn for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert colour_bars == ["PE value", "dot", "distance", "attention weight"]
+

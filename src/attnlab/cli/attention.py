@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from attnlab.cli.params import PathParam
 from attnlab.cli.translate import decode_options, decode_settings, report_warnings
 
 
@@ -33,9 +34,9 @@ def plot_heatmap(src_pieces: list[str], out_pieces: list[str], weights, path: Pa
 
 
 @click.command(name="attention")
-@click.argument("run", type=click.Path(path_type=Path))
+@click.argument("run", type=PathParam(path_type=Path))
 @click.argument("sentence")
-@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="PNG file to write.")
+@click.option("--out", "out", required=True, type=PathParam(path_type=Path), help="PNG file to write.")
 @click.option("--layer", type=int, default=None, help="Decoder layer, from 1 (default: the last).")
 @decode_options
 def attention(run: Path, sentence: str, out: Path, layer: int | None, beam: int, length_penalty: float,

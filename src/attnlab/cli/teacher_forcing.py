@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from attnlab.cli.params import PathParam
 from attnlab.cli.translate import report_warnings
 
 
@@ -31,10 +32,10 @@ def _markdown(rows: list[dict]) -> str:
 @click.option("--valid", "valid", required=True, help="Validation corpus prefix: both measurements use it.")
 @click.option("--src", default="de", show_default=True)
 @click.option("--tgt", default="en", show_default=True)
-@click.option("--out", "out", required=True, type=click.Path(path_type=Path),
+@click.option("--out", "out", required=True, type=PathParam(path_type=Path),
               help="Folder for the two runs (correct/, leaky/) and report.json, report.md.")
-@click.option("--correct", type=click.Path(path_type=Path), default=None, help="Use this trained run instead of training.")
-@click.option("--leaky", type=click.Path(path_type=Path), default=None, help="Use this trained leaky run.")
+@click.option("--correct", type=PathParam(path_type=Path), default=None, help="Use this trained run instead of training.")
+@click.option("--leaky", type=PathParam(path_type=Path), default=None, help="Use this trained leaky run.")
 @click.option("--max-seconds", default=300.0, show_default=True, help="Training budget of each model.")
 @click.option("--max-steps", default=1_000_000, show_default=True)
 @click.option("--eval-every", default=500, show_default=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED
+from attnlab.cli.params import PathParam
 from attnlab.tasks.classify_train import MODEL_KINDS, ClassifySettings, train_classifier
 
 DEFAULTS = ClassifySettings()
@@ -17,12 +18,12 @@ def _default(name: str) -> str:
 
 
 @click.command("classify")
-@click.option("--train", "train_path", type=click.Path(path_type=Path), required=True,
+@click.option("--train", "train_path", type=PathParam(path_type=Path), required=True,
               help="Training table (.csv, .tsv, or .jsonl with one JSON object a line).")
-@click.option("--valid", "valid_path", type=click.Path(path_type=Path), default=None,
+@click.option("--valid", "valid_path", type=PathParam(path_type=Path), default=None,
               help="Validation table; without it --valid-fraction of the training table is held out.")
 @click.option("--valid-fraction", type=float, default=None, help=f"Share held out for validation. {_default('valid_fraction')}")
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="The run folder to write.")
+@click.option("--out", type=PathParam(path_type=Path), required=True, help="The run folder to write.")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint (its saved settings win).")
 @click.option("--text-column", default=None, help=f"Column holding the text. {_default('text_column')}")
 @click.option("--label-column", default=None,

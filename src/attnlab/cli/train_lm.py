@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED, omp_passive  # noqa: F401  (omp_passive: before torch is imported)
+from attnlab.cli.params import PathParam
 from attnlab.tasks.lm import PEAK_REPEATS, PEAK_SIZE, LMData
 from attnlab.tasks.lm_train import LM_PRESETS, LMReport, train_language_model
 
@@ -31,8 +32,8 @@ def describe_report(report: LMReport, out: Path) -> list[str]:
 
 
 @click.command("lm")
-@click.option("--text", "text", type=click.Path(path_type=Path), required=True, help="A UTF-8 text file.")
-@click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="The run folder to write.")
+@click.option("--text", "text", type=PathParam(path_type=Path), required=True, help="A UTF-8 text file.")
+@click.option("--out", "out", type=PathParam(path_type=Path), required=True, help="The run folder to write.")
 @click.option("--preset", type=click.Choice(list(LM_PRESETS)), default="nanogpt-cpu", show_default=True,
               help="Starting settings; the options below override them.")
 @click.option("--tokenizer", type=click.Choice(["char", "bpe"]), default=None, help="[preset: char]")

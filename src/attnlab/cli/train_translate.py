@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED
+from attnlab.cli.params import PathParam
 from attnlab.cli.translate import report_warnings
 from attnlab.errors import AttnlabError
 from attnlab.tasks.translate import RECIPE_MODEL, RECIPE_TRAIN, TranslateSettings, train_translation
@@ -20,7 +21,7 @@ _M, _T = RECIPE_MODEL, RECIPE_TRAIN
 @click.option("--valid", "valid", required=True, help="Validation corpus prefix (model selection).")
 @click.option("--src", "src", default="de", show_default=True, help="Source language suffix.")
 @click.option("--tgt", "tgt", default="en", show_default=True, help="Target language suffix.")
-@click.option("--out", "out", required=True, type=click.Path(path_type=Path), help="Run folder to create (or resume).")
+@click.option("--out", "out", required=True, type=PathParam(path_type=Path), help="Run folder to create (or resume).")
 @click.option("--joint-vocab/--separate-vocab", default=True, show_default=True,
               help="One BPE vocabulary for both languages, or one each.")
 @click.option("--vocab-size", type=click.IntRange(min=1), default=TranslateSettings.vocab_size, show_default=True, help="BPE vocabulary size (each).")

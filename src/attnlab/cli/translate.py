@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from attnlab.cli.params import PathParam
 from attnlab.errors import AttnlabError
 
 
@@ -59,11 +60,11 @@ def translate_with_progress(translator: Any, lines: list[str], settings: Any, pr
 
 
 @click.command(name="translate")
-@click.argument("run", type=click.Path(path_type=Path))
+@click.argument("run", type=PathParam(path_type=Path))
 @click.argument("sentence", required=False)
-@click.option("--input", "input_path", type=click.Path(path_type=Path), default=None,
+@click.option("--input", "input_path", type=PathParam(path_type=Path), default=None,
               help="Translate this file, one sentence a line (.gz allowed).")
-@click.option("--output", "output_path", type=click.Path(path_type=Path), default=None,
+@click.option("--output", "output_path", type=PathParam(path_type=Path), default=None,
               help="Write the translations here, one a line (written atomically). Default: stdout.")
 @decode_options
 @click.option("--progress/--no-progress", default=True, help="Progress bar in file mode.")

@@ -1,6 +1,6 @@
-"""The lab: seed 000's measurements (and seed 004's shuffle test and mask explorer) as one report.
+"""The lab: seed 000's measurements, seed 003's parameter summaries and seed 004's encoders and decoders.
 
-``attnlab lab`` runs :func:`run_lab`, which computes eight sections with the project's own core and
+``attnlab lab`` runs :func:`run_lab`, which computes ten sections with the project's own core and
 writes ``index.html`` (self-contained, figures inline) and ``numbers.json``:
 
 1. angles and encodings (:mod:`.encoding`)
@@ -8,9 +8,11 @@ writes ``index.html`` (self-contained, figures inline) and ``numbers.json``:
 3. positional encoding meets GloVe word vectors (:mod:`.glove` loads them, :mod:`.embeddings` measures)
 4. masks (:mod:`.masks_demo`)
 5. the model (:mod:`.model_checks`)
-6. order: the shuffle test (:mod:`.order`)
-7. mask explorer (:mod:`.explorer`)
-8. the port's silent bugs and the seed's review questions (:mod:`.silent_bugs`)
+6. parameter summaries, seed 003 (:mod:`.parameters`)
+7. order: the shuffle test (:mod:`.order`)
+8. mask explorer (:mod:`.explorer`)
+9. encoders and decoders, seed 004 (:mod:`.encoders_decoders`)
+10. the port's silent bugs and the seed's review questions (:mod:`.silent_bugs`)
 
 :mod:`.figures` draws (matplotlib, Agg), :mod:`.html` formats, :mod:`.report` assembles and writes.
 """

@@ -33,6 +33,10 @@ PAD_ID = 0
 WEIGHTINGS = ((1.0, 10.0, "1:10", "position dominates"), (1.0, 1.0, "1:1", "equal"),
               (10.0, 1.0, "10:1", "meaning dominates"))
 PAIR = ("red", "wolf")
+#: Seed 000's printed figures, from its 100-wide GloVe vectors (quoted beside this page's own).
+SEED_RED_WOLF = {0: (5.599, 7.374), 1: (5.599, 5.674)}
+SEED_DISPARITY = {"1:10": 0.990159, "1:1": 0.428852, "10:1": 0.000378}
+SEED_GLOVE_WIDTH = 100
 
 
 def build_vocabulary(texts: tuple[str, ...] = SENTENCES) -> tuple[dict[str, int], list[list[int]], dict[str, int]]:
@@ -144,7 +148,8 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
     body += figure(figures.word_panels(semantic, words, groups,
                                        ["Sentence 0, semantic only", "Sentence 1, semantic only"]),
                    "PCA of the eleven word vectors for both sentences, without positional encoding",
-                   "Without position the two panels show the same points: a word vector does not know where "
+                   "Each point is labelled word@position, counting from 0 as the encoding does. Without position "
+                   "the two panels show the same points: a word vector does not know where "
                    "the word sits, so a model seeing only these cannot tell the sentences apart.")
     body += figure(figures.word_panels(with_pos, words, groups,
                                        ["Sentence 0, meaning + position (1:1)", "Sentence 1, meaning + position (1:1)"]),
@@ -158,12 +163,21 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
         gap = abs(words[s].index(PAIR[0]) - words[s].index(PAIR[1]))
         sem, pos = exp.distance(0.0, s, *PAIR), exp.distance(1.0, s, *PAIR)
         red_wolf[f"sentence{s}"] = {"gap": gap, "semantic": sem, "with_position": pos}
-        rows.append((f"sentence {s}", f"{gap} token{'s' if gap != 1 else ''}", fmt(sem, 3), fmt(pos, 3)))
+        rows.append((f"sentence {s}", f"{gap} token{'s' if gap != 1 else ''}", fmt(sem, 3), fmt(pos, 3),
+                     f"{SEED_RED_WOLF[s][0]:.3f} / {SEED_RED_WOLF[s][1]:.3f}"))
     body += heading("Red and wolf")
     body += para("Two unrelated words, three tokens apart in sentence 0 and adjacent in sentence 1:")
-    body += table(["", "apart", "distance, semantic only", "distance, with position"], rows)
+    body += table(["", "apart", f"distance, semantic only (d = {d})", f"distance, with position (d = {d})",
+                   f"seed 000, d = {SEED_GLOVE_WIDTH}: semantic / with position"], rows)
     body += para("The semantic distance is the same in both sentences; position pulls the far-apart pair further",
                  "apart than the adjacent one. That difference is the order information.")
+    if d != SEED_GLOVE_WIDTH:
+        body += para(f"The seed's own figures come from its {SEED_GLOVE_WIDTH}-wide vectors, so they differ from",
+                     f"this page's {d}-wide ones: other vectors give another semantic distance, and the encoding's",
+                     "share of the sum is set by the two norms (the encoding's is sqrt(d/2), a word vector's is",
+                     "whatever GloVe learned). The pattern is what carries over: equal semantic distances, and",
+                     "position adding more to the pair that stands further apart. With",
+                     f"<code>--glove glove.6B.{SEED_GLOVE_WIDTH}d.txt</code> the page computes at the seed's width.")
 
     sqrt_d = math.sqrt(d)
     weightings = [*WEIGHTINGS, (sqrt_d, 1.0, "sqrt_d:1", f"sqrt(d) = {sqrt_d:.2f}, the encoder's ratio")]
@@ -183,11 +197,18 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
         raise AttnlabError(f"cannot compare the layouts ({err}); does the GloVe file hold the sentences' words?") from err
     body += para("Procrustes disparity of each layout from the semantic-only one (0 = same shape after rotation,",
                  "scaling and shifting; 1 = no relation):")
-    body += table(["W1:W2", "disparity"], [(_shown(key), f"{disparity[key]:.6f}") for _, _, key, _ in weightings])
+    body += table(["W1:W2", f"disparity, d = {d}", f"seed 000, d = {SEED_GLOVE_WIDTH}"],
+                  [(_shown(key), f"{disparity[key]:.6f}", f"{SEED_DISPARITY[key]:.6f}" if key in SEED_DISPARITY else "")
+                   for _, _, key, _ in weightings])
     body += para("It compares two 2-D projections of eleven words, so it is a demonstration, not a general law:",
                  "at the encoder's own ratio this arrangement survives almost unchanged. It is the sum of squared",
                  "distances left after the best fit, both layouts standardised first, not a percentage of structure",
                  "lost: 0.5 does not mean half the arrangement is gone.")
+    if d != SEED_GLOVE_WIDTH:
+        body += para(f"The seed's disparities, from {SEED_GLOVE_WIDTH}-wide vectors, fall in the same order, from",
+                     "near 1 with position dominating to near 0 with meaning dominating. The equal-weight value",
+                     "is the one that depends on the width: it is set by how large the word vectors are next to the",
+                     "encoding, and both sizes change with d.")
 
     numbers = {
         "source": vectors.source,

@@ -51,7 +51,7 @@ def angles_section() -> Section:
         "The core returns (positions, d) without the seed's leading batch axis; broadcasting adds it.",
     )
     png = figures.heatmap(pe.numpy(), title=f"Positional encoding, {TABLE_POSITIONS} positions x {TABLE_D} dimensions",
-                          xlabel="dimension k", ylabel="position")
+                          xlabel="dimension k", ylabel="position", value_label="PE[position, k]")
     body += figure(png, "heatmap of the 50 by 512 positional encoding",
                    "Low dimensions (left) oscillate fast down the positions, high ones (right) barely move: "
                    "fast columns tell neighbours apart, slow ones tell the start of a long text from its end.")
@@ -172,7 +172,8 @@ def properties_section(d: int, max_length: int) -> Section:
     body += check(symmetric, "both matrices are symmetric")
     body += check(diag_max and float(dist.diagonal().abs().max()) == 0.0,
                   f"the dot product is largest on the diagonal (= d/2 = {d / 2:g}); the distance there is exactly 0")
-    body += figure(figures.heatmap_pair(gram.numpy(), dist.numpy(), ("Dot product", "Euclidean distance"), "position"),
+    body += figure(figures.heatmap_pair(gram.numpy(), dist.numpy(), ("Dot product", "Euclidean distance"), "position",
+                                        ("PE[i] . PE[j]", "||PE[i] - PE[j]||")),
                    "heatmaps of the dot-product and Euclidean-distance matrices between all positions",
                    "Left: the dot products peak (dark blue) on the diagonal, where a vector meets itself. Right: the "
                    "distances are 0 on the diagonal and grow away from it. Neither is "

@@ -1,4 +1,4 @@
-"""Section 7: the mask explorer (seed 004's "Explore" panel), computed here and embedded in the page.
+"""Section 8: the mask explorer (seed 004's "Explore" panel), computed here and embedded in the page.
 
 "my parcel is late" and two padding tokens go through the first encoder block of the ``tiny-router``
 preset (seed 004's TinyTransformer shape: width 64, 4 heads, learned positions; seeded, untrained).
@@ -79,10 +79,9 @@ def _quoted(data: dict[str, dict]) -> dict[str, Any]:
     """The figures the notes below quote, by name (the notes are written from these; ``numbers.json`` keeps them)."""
     w = {k: torch.tensor(v["weights"]) for k, v in data.items()}
     late, parcel = TOKENS.index("late"), TOKENS.index("parcel")
-    top = int(w["padding"][late, :4].argmax())
     return {"late_to_padding_tokens_none": w["none"][late, 4:].tolist(),
             "late_to_padding_none": float(w["none"][late, 4:].sum()),
-            "late_top_token_padding": TOKENS[top], "late_to_top_token_padding": float(w["padding"][late, top]),
+            "late_to_real_tokens_padding": dict(zip(TOKENS[:4], w["padding"][late, :4].tolist())),
             "my_to_itself_causal": float(w["causal"][0, 0]), "parcel_to_my_causal": float(w["causal"][parcel, 0]),
             "parcel_to_itself_causal": float(w["causal"][parcel, parcel]),
             "real_rows_both_vs_causal": float((w["both"][:4] - w["causal"][:4]).abs().max())}
@@ -95,11 +94,12 @@ def _notes(data: dict[str, dict], q: dict[str, Any]) -> dict[str, str]:
     same = "identical" if both_vs_causal == 0.0 else f"largest difference {both_vs_causal:.1e}"
     return {
         "none": (f"No cell is hidden: every token reads every token, the padding too. 'late' gives "
-                 f"{fmt(first, 2)} + {fmt(second, 2)} of its attention to the two padding "
+                 f"{fmt(first, 3)} + {fmt(second, 3)} of its attention to the two padding "
                  f"tokens, {fmt(q['late_to_padding_none'], 3)} in all."),
         "padding": (f"The two padding columns are hidden, {data['padding']['hidden_count']} of 36 cells. The real "
-                    f"tokens' weights grow to fill the gap: 'late' now gives {fmt(q['late_to_top_token_padding'], 2)} "
-                    f"to '{q['late_top_token_padding']}'."),
+                    "tokens' weights grow to fill the gap: 'late' now reads "
+                    + ", ".join(f"'{t}' {fmt(v, 2)}" for t, v in q["late_to_real_tokens_padding"].items())
+                    + ", 1 in all."),
         "causal": (f"The cells above the diagonal are hidden, {data['causal']['hidden_count']} of 36. 'my' reads "
                    f"only itself ({fmt(q['my_to_itself_causal'], 2)}); 'parcel' gives "
                    f"{fmt(q['parcel_to_my_causal'], 2)} to 'my' and {fmt(q['parcel_to_itself_causal'], 2)} to itself."),
@@ -136,7 +136,7 @@ def _table(key: str, entry: dict, note: str) -> str:
 
 
 def explorer_section() -> Section:
-    """Section 7: the interactive mask table."""
+    """Section 8: the interactive mask table."""
     data = explorer_weights()
     quoted = _quoted(data)
     notes = _notes(data, quoted)

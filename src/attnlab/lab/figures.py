@@ -33,27 +33,29 @@ def to_png(fig: Figure) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def heatmap(values: np.ndarray, *, title: str, xlabel: str, ylabel: str, size: tuple[float, float] = (9, 4)) -> str:
-    """One heatmap of a (rows, cols) array, row 0 at the top."""
+def heatmap(values: np.ndarray, *, title: str, xlabel: str, ylabel: str, value_label: str,
+            size: tuple[float, float] = (9, 4)) -> str:
+    """One heatmap of a (rows, cols) array, row 0 at the top; ``value_label`` names the colour bar."""
     fig, ax = plt.subplots(figsize=size, layout="constrained")
     # More columns than pixels: let matplotlib antialias instead of dropping columns (which draws stripes).
     image = ax.imshow(values, cmap="RdBu", aspect="auto", interpolation="antialiased")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=12, color="dimgray")
-    fig.colorbar(image, ax=ax)
+    fig.colorbar(image, ax=ax, label=value_label)
     return to_png(fig)
 
 
-def heatmap_pair(left: np.ndarray, right: np.ndarray, titles: tuple[str, str], label: str) -> str:
-    """Two square heatmaps side by side (the Gram and distance matrices)."""
+def heatmap_pair(left: np.ndarray, right: np.ndarray, titles: tuple[str, str], label: str,
+                 value_labels: tuple[str, str]) -> str:
+    """Two square heatmaps side by side (the Gram and distance matrices); ``value_labels`` name the colour bars."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
-    for ax, data, title in zip(axes, (left, right), titles):
+    for ax, data, title, value_label in zip(axes, (left, right), titles, value_labels):
         image = ax.imshow(data, cmap="RdBu", interpolation="nearest")
         ax.set_xlabel(label)
         ax.set_ylabel(label)
         ax.set_title(title, fontsize=12, color="dimgray")
-        fig.colorbar(image, ax=ax, shrink=0.9)
+        fig.colorbar(image, ax=ax, shrink=0.9, label=value_label)
     return to_png(fig)
 
 
@@ -123,10 +125,10 @@ def word_panels(layouts: Sequence[np.ndarray], words: Sequence[Sequence[str]], g
 
 def attention_maps(maps: Sequence[np.ndarray], titles: Sequence[str], xlabels: Sequence[str],
                    ylabel: str) -> str:
-    """Attention weight matrices side by side, values written in the cells."""
+    """Attention weight matrices side by side, values written in the cells, one shared 0-1 colour bar."""
     fig, axes = plt.subplots(1, len(maps), figsize=(4.2 * len(maps), 3.6), squeeze=False, layout="constrained")
     for ax, weights, title, xlabel in zip(axes[0], maps, titles, xlabels):
-        ax.imshow(weights, cmap="Blues", vmin=0.0, vmax=1.0)
+        image = ax.imshow(weights, cmap="Blues", vmin=0.0, vmax=1.0)
         for (i, j), w in np.ndenumerate(weights):
             ax.text(j, i, f"{w:.2f}", ha="center", va="center", fontsize=8,
                     color="white" if w > 0.6 else "black")
@@ -135,4 +137,5 @@ def attention_maps(maps: Sequence[np.ndarray], titles: Sequence[str], xlabels: S
         ax.set_ylabel(ylabel)
         ax.set_xticks(range(weights.shape[1]))
         ax.set_yticks(range(weights.shape[0]))
+    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.9, label="attention weight")
     return to_png(fig)

@@ -55,7 +55,8 @@ def masks_section() -> Section:
     body += para("The four axes are those of the attention scores, (batch, heads, queries, keys). A padding mask",
                  "describes the <i>keys</i>, the sequence that supplies K and V, so it varies only on the batch and",
                  "key axes; its two axes of size 1 let one row of it broadcast over every head and every query.",
-                 "Having the scores' rank is what keeps it from broadcasting the wrong way (section 8, bug 3).")
+                 "Having the scores' rank is what keeps it from broadcasting the wrong way",
+                 '(<a href="#bugs">the silent bugs</a>, bug 3).')
     body += para("Conventions differ between the seeds and libraries, which is how masks end up inverted: seed",
                  "003 and torch's <code>key_padding_mask</code> and bool <code>attn_mask</code> say True (1) = hide;",
                  "seed 000 and Hugging Face's <code>attention_mask</code> say 1 = keep. attnlab converts at the",
@@ -70,8 +71,9 @@ def masks_section() -> Section:
     body += check(agrees, "from_keep_mask on the seed's float mask (1 = keep) gives the same mask")
     body += para("The ids themselves serve as scores. Without the mask the padding keeps a share of the weight;",
                  "with it, padding gets exactly 0 and the real keys share the whole distribution.")
-    body += matrix(plain.numpy(), row_labels=labels, caption="softmax without the mask")
-    body += matrix(masked.numpy(), row_labels=labels, caption="masked_softmax with the padding mask")
+    keys = [f"key {j}" for j in range(plain.shape[-1])]
+    body += matrix(plain.numpy(), row_labels=labels, col_labels=keys, caption="softmax without the mask")
+    body += matrix(masked.numpy(), row_labels=labels, col_labels=keys, caption="masked_softmax with the padding mask")
     body += check(pad_weight == 0.0 and rows_ok, f"weight on padding with the mask: {pad_weight}; every row sums to 1")
     body += heading("Look-ahead mask")
     body += para("causal_mask(4): row t may attend to keys 0..t. The first token sees only itself, the last sees all.")

@@ -1,4 +1,4 @@
-"""Section 6: seed 004's shuffle test. Attention alone cannot see word order; positions let it.
+"""Section 7: seed 004's shuffle test. Attention alone cannot see word order; positions let it.
 
 One attention layer (:class:`attnlab.nn.MultiHeadAttention`, one head, width 4) reads two sentences with
 the same seven tokens in different orders and averages its outputs into a summary. Without positions the
@@ -22,7 +22,7 @@ ATOL = 1e-6  # summaries count as the same within float32 rounding of a differen
 
 
 def order_section() -> Section:
-    """Section 6: the shuffle test without positions, with learned positions, with sinusoidal ones."""
+    """Section 7: the shuffle test without positions, with learned positions, with sinusoidal ones."""
     torch.manual_seed(0)
     tokens = nn.Embedding(len(WORDS), WIDTH)  # one random 4-vector per word
     attention = MultiHeadAttention(WIDTH, 1).eval()

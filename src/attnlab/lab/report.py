@@ -49,6 +49,7 @@ table { border-collapse: collapse; margin: .6rem 0 1rem; font-variant-numeric: t
 th, td { border: 1px solid var(--line); padding: .25rem .55rem; text-align: right; }
 th { background: var(--soft); font-weight: 600; white-space: nowrap; }
 table.facts td:first-child, table.facts th:first-child { text-align: left; }
+table.words td, table.words th { text-align: left; }
 caption { caption-side: top; text-align: left; color: var(--muted); font-size: .85rem; padding-bottom: .2rem; }
 table.mask td { width: 2.6rem; text-align: center; }
 figure { margin: 1rem 0 1.5rem; }

@@ -1,4 +1,4 @@
-"""Runs the whole lab: load the word vectors, compute the eight sections, write the report.
+"""Runs the whole lab: load the word vectors, compute the ten sections, write the report.
 
 :func:`run_lab` is what ``attnlab lab`` calls; it reports each step to an optional callback so that the
 command line can show progress, and returns the numbers it wrote.
@@ -34,9 +34,11 @@ STEPS = (
     ("embeddings", "3. Positional encoding meets word embeddings"),
     ("masks", "4. Masks"),
     ("model", "5. The model"),
-    ("order", "6. Order: the shuffle test"),
-    ("explorer", "7. Mask explorer"),
-    ("bugs", "8. Silent bugs of the port, and the review questions"),
+    ("parameters", "6. Parameter summaries"),
+    ("order", "7. Order: the shuffle test"),
+    ("explorer", "8. Mask explorer"),
+    ("encoders_decoders", "9. Encoders and decoders"),
+    ("bugs", "10. Silent bugs of the port, and the review questions"),
     ("write", "Writing the report"),
 )
 
@@ -91,11 +93,13 @@ def run_lab(
         import torch
 
         from attnlab.lab.embeddings import glove_section
+        from attnlab.lab.encoders_decoders import encoders_decoders_section
         from attnlab.lab.encoding import angles_section, properties_section
         from attnlab.lab.explorer import explorer_section
         from attnlab.lab.masks_demo import masks_section
         from attnlab.lab.model_checks import model_section
         from attnlab.lab.order import order_section
+        from attnlab.lab.parameters import parameters_section
         from attnlab.lab.silent_bugs import bugs_section
 
         # Torch's own thread pool is slower than one thread on these tiny tensors; restore it afterwards.
@@ -109,8 +113,10 @@ def run_lab(
                 ("embeddings", lambda: glove_section(vectors, max_length)),
                 ("masks", masks_section),
                 ("model", model_section),
+                ("parameters", parameters_section),
                 ("order", order_section),
                 ("explorer", explorer_section),
+                ("encoders_decoders", encoders_decoders_section),
                 ("bugs", bugs_section),
             ):
                 step(key)

@@ -1,4 +1,4 @@
-"""Section 8: the silent bugs of seed 000's port, and its six review questions.
+"""Section 10: the silent bugs of seed 000's port, and its six review questions.
 
 Seed 000 lists the things that went wrong when its notebooks moved to Keras 3 and the slips its own
 text warns about. The dangerous ones raise nothing: the shapes work and the numbers are merely wrong.
@@ -22,9 +22,8 @@ from attnlab.checks import Contract, run_checks
 from attnlab.errors import AttnlabError
 from attnlab.lab.html import Section, check, code, esc, heading, para, table
 from attnlab.lab.masks_demo import KEEP, PADDED, K, Q, V
-from attnlab.lab.model_checks import SEED, SOURCE, TARGET
+from attnlab.lab.model_checks import SEED, SOURCE, TARGET, encoder_layer_demo
 from attnlab.nn import (
-    EncoderLayer,
     MultiHeadAttention,
     Transformer,
     attention_reference,
@@ -90,7 +89,10 @@ def _positional_mask(n: dict) -> str:
     return (heading("1. A mask passed by position lands on another parameter")
             + para(f"<code>mha(x, x, x, mask)</code>: the fourth argument binds to <code>{binds['keras2_call']}</code>",
                    f"in Keras 2 but to <code>{binds['keras3_call']}</code> in Keras 3, which <code>call</code> overwrites.",
-                   f"The seed measured {SEED_KERAS_WEIGHTS} that way, the same as no mask. The core layer, 4 wide:")
+                   f"The seed measured {SEED_KERAS_WEIGHTS} that way with Keras weights, the same as no mask.",
+                   "Keras does not run here: the two signatures are wrappers around the core layer (4 wide) that,",
+                   "as Keras 3 does, drop whatever reaches <code>query_mask</code>. Where the argument binds is",
+                   "Python's own answer (<code>inspect.signature</code>); the weights are the core's:")
             + code(f"no mask          {_r(plain)}\nmask by position {_r(ignored)}\nattend_mask=...  {_r(masked)}")
             + check(same and differs, "the ignored mask equals no mask, and differs from the real one")
             + para("attnlab's masks are keyword-only, so the same slip raises:") + code("\n".join(refusals)))
@@ -184,18 +186,14 @@ class _ForgotEval(nn.Module):
 
 
 def _training_flag(n: dict, model: Transformer) -> str:
-    torch.manual_seed(SEED)
-    layer, x = EncoderLayer(4, 2, 8, head_dim=4), torch.ones(1, 3, 4)
-    with torch.no_grad():
-        train = [layer.train()(x)[0] for _ in range(2)]
-        evals = [layer.eval()(x)[0] for _ in range(2)]
+    layer_numbers, _ = encoder_layer_demo()  # the same layer and calls as "The model" section
     verdict = run_checks(_ForgotEval(model), SEQ2SEQ, seeds=1, only=["mode"]).results[0]
     model.eval()
-    n["training_flag"] = {"train_max_difference": float((train[0] - train[1]).abs().max()),
-                          "eval_identical": bool(torch.equal(*evals)), "mode_check_dropout_at_eval": verdict.status,
+    n["training_flag"] = {"train_max_difference": layer_numbers["train_max_difference"],
+                          "eval_identical": layer_numbers["eval_identical"], "mode_check_dropout_at_eval": verdict.status,
                           "mode_check_summary": verdict.summary, "mode_check_evidence": verdict.evidence}
     return (heading("5. The training flag forgotten")
-            + code(f"encoder layer, two calls in train mode: largest difference "
+            + code(f"encoder layer of 'The model', two calls in train mode: largest difference "
                    f"{n['training_flag']['train_max_difference']:.4f}; in eval mode identical: "
                    f"{n['training_flag']['eval_identical']}\nmode check, lab-toy with dropout left on: "
                    f"{verdict.status}: {verdict.summary}")
@@ -206,15 +204,22 @@ def _training_flag(n: dict, model: Transformer) -> str:
 def _head_width(n: dict) -> str:
     def count(m: nn.Module) -> int:
         return sum(p.numel() for p in m.parameters())
-    rows = {f"d {d}, {h} heads": (count(MultiHeadAttention(d, h, head_dim=d)), count(MultiHeadAttention(d, h)))
+    # (head_dim = d as the seed's Keras key_dim, d / heads as the paper, d_k = 64 in all as seed 003)
+    rows = {f"d {d}, {h} heads": (count(MultiHeadAttention(d, h, head_dim=d)), count(MultiHeadAttention(d, h)),
+                                  count(MultiHeadAttention(d, h, head_dim=64 // h)) if d == 512 else None)
             for d, h in ((4, 4), (512, 8))}
     toy = dict(MODEL_PRESETS["lab-toy"].kwargs, head_dim=None)
-    rows["lab-toy model"] = (build_preset("lab-toy").num_parameters(), Transformer(**toy).num_parameters())
-    n["head_width"] = {k: {"key_dim_embedding_dim": a, "per_head": b} for k, (a, b) in rows.items()}
+    rows["lab-toy model"] = (build_preset("lab-toy").num_parameters(), Transformer(**toy).num_parameters(), None)
+    n["head_width"] = {k: {"key_dim_embedding_dim": a, "per_head": b, **({"seed003_d_k_64": c} if c else {})}
+                       for k, (a, b, c) in rows.items()}
     return (heading("6. key_dim = embedding_dim: full-width heads")
-            + para("Keras's key_dim is the width of one head. attnlab's head_dim is the same thing, default d / heads:")
-            + table(["attention", "head_dim = d (the seed)", "head_dim = d / heads (the paper)"],
-                    [(k, f"{a:,}", f"{b:,}") for k, (a, b) in rows.items()]))
+            + para("Keras's key_dim is the width of one head. attnlab's head_dim is the same thing, default d / heads.",
+                   "Parameters of one attention block (its four projections with biases), or of the whole model:")
+            + table(["parameters of", "head_dim = d (seed 000)", "head_dim = d / heads (the paper)",
+                     "d_k = 64 over all heads (seed 003)"],
+                    [(k, f"{a:,}", f"{b:,}", f"{c:,}" if c else "") for k, (a, b, c) in rows.items()])
+            + para("Full-width heads multiply the attention parameters by the number of heads; seed 003's 64 in all",
+                   'divides them by it (<a href="#parameters">parameter summaries</a>).'))
 
 
 def _multiply(n: dict) -> str:
@@ -268,12 +273,14 @@ def _questions(n: dict, model: Transformer) -> str:
          f"No: lab-toy's output at source position 4 (padding) has norm {pad_norm:.4f}; the cross-attention mask "
          f"gives it weight {n['cross_mask']['cross_weight_on_source_padding']['source']}, and losses must skip it."),
     ]
-    return heading("The review questions") + "".join(
+    return heading("The review questions") + para(
+        f"Where an answer uses the encoding it is computed at the seed's width, d = {d}, whatever the page's",
+        "word vectors are.") + "".join(
         f"<p><b>{i}. {esc(q)}</b><br>{esc(a)}</p>\n" for i, (q, a) in enumerate(qa, 1))
 
 
 def bugs_section() -> Section:
-    """Section 8: seven silent bugs (wrong form, effect, what attnlab does) and the six review questions."""
+    """Section 10: seven silent bugs (wrong form, effect, what attnlab does) and the six review questions."""
     torch.manual_seed(SEED)
     model = build_preset("lab-toy").eval()
     n: dict = {}

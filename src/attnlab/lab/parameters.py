@@ -1,0 +1,106 @@
+"""Section 6: seed 003's parameter summaries, recounted with the project's own layers.
+
+Seed 003 builds one encoder layer and one decoder layer at the paper's sizes (d_model 512, h 8 heads,
+d_ff 2048) and prints Keras's ``summary()`` of each: 2,233,536 and 2,365,312 parameters. Its attention
+projects to d_k = d_v = 64 *in all* (8 per head), not 64 per head as the paper does, which is why one
+attention block holds 131,776 parameters instead of the paper's 1,050,624. This section builds the same
+layers (``head_dim=8``), counts each sub-layer with :func:`attnlab.summary.summarize`, and compares them
+with the seed's printed rows. The encoder layer agrees exactly; the decoder layer has 1,024 more, one
+LayerNorm, because the seed's printed graph applies one AddNormalization to two sub-layers (its
+``add_normalization_32`` is fed four inputs and no ``add_normalization_33`` appears): a parameter
+summary is how a shared normalisation shows. The whole model (n = 6, vocabularies of 20) is counted too,
+against the "more than 27 million" a reader of the seed reports.
+"""
+
+from __future__ import annotations
+
+from attnlab.lab.html import Section, check, para, table
+from attnlab.nn import DecoderLayer, EncoderLayer
+from attnlab.presets import MODEL_PRESETS, build_preset
+from attnlab.summary import summarize, total_parameters
+
+D_MODEL, HEADS, D_FF = 512, 8, 2048
+D_K = 64  # seed 003's d_k = d_v: the width of all heads together
+
+#: Seed 003's printed summaries: (row, parameters) in the order Keras lists them, and the printed totals.
+SEED_ENCODER_ROWS = [("multi_head_attention_18", 131_776), ("add_normalization_30", 1_024),
+                     ("feed_forward_12", 2_099_712), ("add_normalization_31", 1_024)]
+SEED_DECODER_ROWS = [("multi_head_attention_19", 131_776), ("add_normalization_32", 1_024),
+                     ("multi_head_attention_20", 131_776), ("feed_forward_13", 2_099_712),
+                     ("add_normalization_34", 1_024)]
+SEED_ENCODER_TOTAL, SEED_DECODER_TOTAL = 2_233_536, 2_365_312
+SEED_MODEL_FLOOR = 27_000_000  # "our model has more 27 million parameters" (a reader's comment in seed 003)
+
+
+def _rows(layer) -> list[tuple[str, int]]:
+    """(sub-layer name, parameters) of one layer, in the order the data passes through them."""
+    return [(row.name, row.parameters) for row in summarize(layer, expand=True)]
+
+
+def _side_by_side(ours: list[tuple[str, int]], seed: list[tuple[str, int]]) -> list[tuple[str, str, str, str]]:
+    """Table rows pairing our sub-layers with the seed's printed ones (blank where one side has none)."""
+    seed_iter = iter(seed)
+    rows = []
+    for name, count in ours:
+        # The seed's decoder has no row for its second norm: the LayerNorm after cross-attention is missing.
+        missing = name == "cross_block.norm" and len(seed) < len(ours)
+        seed_name, seed_count = ("(none: the first norm is reused)", "") if missing else next(seed_iter)
+        rows.append((name, f"{count:,}", seed_name, f"{seed_count:,}" if seed_count != "" else ""))
+    return rows
+
+
+def parameters_section() -> Section:
+    """Section 6: seed 003's encoder and decoder layer summaries and the whole model's total."""
+    encoder = EncoderLayer(D_MODEL, HEADS, D_FF, head_dim=D_K // HEADS)
+    decoder = DecoderLayer(D_MODEL, HEADS, D_FF, head_dim=D_K // HEADS)
+    enc_rows, dec_rows = _rows(encoder), _rows(decoder)
+    enc_total, dec_total = total_parameters(summarize(encoder)), total_parameters(summarize(decoder))
+    model = build_preset("seed003")
+    model_total = model.num_parameters()
+    norm = dict(dec_rows)["self_block.norm"]
+    layers = MODEL_PRESETS["seed003"].kwargs["num_layers"]
+
+    header = ["attnlab sub-layer", "parameters", "seed 003's Keras row", "parameters"]
+    body = para(f"Seed 003 prints Keras summaries of one encoder layer and one decoder layer at d_model = {D_MODEL},",
+                f"h = {HEADS}, d_ff = {D_FF}, with d_k = d_v = {D_K}: the queries, keys and values of <i>all</i> heads",
+                f"together are {D_K} wide, {D_K // HEADS} per head (the paper has {D_MODEL // HEADS} per head). Here the",
+                f"same layers are built from attnlab's core with <code>head_dim={D_K // HEADS}</code> and counted sub-layer",
+                "by sub-layer (<code>attnlab summary --preset seed003 --expand</code> prints the whole model this way).")
+    body += para(f"One attention block: W<sub>q</sub>, W<sub>k</sub>, W<sub>v</sub> are {D_MODEL} &times; {D_K} plus",
+                 f"{D_K} biases each and W<sub>o</sub> is {D_K} &times; {D_MODEL} plus {D_MODEL}:",
+                 f"3 &times; {D_MODEL * D_K + D_K:,} + {D_K * D_MODEL + D_MODEL:,} = {dict(enc_rows)['self_attn']:,}.",
+                 f"The feed-forward is {D_MODEL} &times; {D_FF} + {D_FF} + {D_FF} &times; {D_MODEL} + {D_MODEL} =",
+                 f"{dict(enc_rows)['ffn']:,}; a LayerNorm has a gain and a shift per feature, 2 &times; {D_MODEL} =",
+                 f"{norm:,}. <a href=\"#bugs\">The silent bugs</a> (bug 6) count the block at the other head widths.")
+    body += table(header, _side_by_side(enc_rows, SEED_ENCODER_ROWS)
+                  + [("encoder layer, total", f"{enc_total:,}", "Total params", f"{SEED_ENCODER_TOTAL:,}")])
+    body += check(enc_total == SEED_ENCODER_TOTAL, f"the encoder layer has {enc_total:,} parameters, as the seed prints")
+    body += table(header, _side_by_side(dec_rows, SEED_DECODER_ROWS)
+                  + [("decoder layer, total", f"{dec_total:,}", "Total params", f"{SEED_DECODER_TOTAL:,}")])
+    body += check(dec_total - SEED_DECODER_TOTAL == norm,
+                  f"the decoder layer has {dec_total:,}: {dec_total - SEED_DECODER_TOTAL:,} more than the seed's "
+                  f"{SEED_DECODER_TOTAL:,}, exactly one LayerNorm")
+    body += para("The seed's decoder graph shows why: <code>add_normalization_32</code> takes four inputs (it is",
+                 "applied after self-attention <i>and</i> after cross-attention) and no <code>add_normalization_33</code>",
+                 "appears. Its decoder layer reuses one normalisation for two sub-layers, so the two share a gain and",
+                 "a shift. Nothing raises and every shape is right; only a parameter count, sub-layer by sub-layer,",
+                 "shows it. attnlab's decoder layer has its three norms (<code>self_block</code>,",
+                 "<code>cross_block</code>, <code>ffn_block</code>).")
+    body += para(f"The whole model (<code>--preset seed003</code>: {layers}",
+                 "encoder and decoder layers, vocabularies of 20, the output projection):")
+    body += table(["model", "parameters"], [("seed003, attnlab", f"{model_total:,}"),
+                                            ("seed003 with one norm shared in each decoder layer",
+                                             f"{model_total - layers * norm:,}")])
+    body += check(model_total > SEED_MODEL_FLOOR,
+                  f"{model_total:,} parameters: 'more than 27 million', as a reader of seed 003 counts")
+
+    numbers = {
+        "d_model": D_MODEL, "heads": HEADS, "d_ff": D_FF, "d_k": D_K,
+        "encoder_layer": {"rows": dict(enc_rows), "total": enc_total, "seed_total": SEED_ENCODER_TOTAL},
+        "decoder_layer": {"rows": dict(dec_rows), "total": dec_total, "seed_total": SEED_DECODER_TOTAL,
+                          "difference": dec_total - SEED_DECODER_TOTAL},
+        "model_total": model_total,
+    }
+    highlights = [("seed 003 layers: encoder / decoder parameters",
+                   f"{enc_total:,} / {dec_total:,} (seed {SEED_DECODER_TOTAL:,}: one norm shared)")]
+    return Section("parameters", "Parameter summaries", numbers, body, highlights)
