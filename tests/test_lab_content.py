@@ -72,3 +72,11 @@ def test_heatmaps_name_what_their_colours_mean(monkeypatch):
     colour_bars = [ax.get_ylabel() for fig in drawn for ax in fig.axes if ax.get_label() == "<colorbar>"]
     assert colour_bars == ["PE value", "dot", "distance", "attention weight"]
 
+
+
+def test_seed003s_hide_masks_convert_to_the_cores_cell_for_cell():
+    seed003 = masks_section().numbers["seed003"]
+    assert seed003["padding_mask"] == [0, 0, 0, 0, 1, 1, 1]  # the seed's printed padding_mask([1, 2, 3, 4, 0, 0, 0])
+    assert seed003["look_ahead"] == np.triu(np.ones((5, 5)), 1).tolist()  # its printed lookahead_mask(5)
+    assert seed003["decoder_mask"][3] == [0, 0, 0, 1, 1]  # padded keys 3 and 4 hidden in every row
+    assert seed003["padding_agrees"] and seed003["decoder_agrees"]

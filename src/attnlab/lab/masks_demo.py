@@ -12,7 +12,15 @@ import numpy as np
 import torch
 
 from attnlab.lab.html import Section, check, code, heading, matrix, para
-from attnlab.nn import attention_reference, causal_mask, from_keep_mask, masked_softmax, padding_mask
+from attnlab.nn import (
+    attention_reference,
+    causal_mask,
+    decoder_self_mask,
+    from_hide_mask,
+    from_keep_mask,
+    masked_softmax,
+    padding_mask,
+)
 
 #: Seed 000's three sequences with zeros (padding) in different places.
 PADDED = [[7, 6, 0, 0, 1], [1, 2, 3, 0, 0], [0, 0, 0, 4, 5]]
@@ -21,11 +29,41 @@ Q = [[1.0, 0.0, 1.0, 0.0]]
 K = [[1.0, 2.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0], [1.0, 0.0, 0.0, 1.0]]
 V = [[0.0, 0.0], [1.0, 0.0], [1.0, 0.0]]
 KEEP = [[1.0, 1.0, 0.0]]  # the seed's float mask hiding the last key
+SEED003_IDS = [1, 2, 3, 4, 0, 0, 0]  # seed 003's padding_mask example
+SEED003_DECODER_IDS = [5, 6, 7, 0, 0]  # a 5-token decoder input for its maximum(padding, look-ahead) mask
 
 
 def _round(t: torch.Tensor, digits: int = 4) -> list:
     """Nested lists of Python floats rounded for display (float32 values would print 17 digits)."""
     return np.round(t.double().numpy(), digits).tolist()
+
+
+def _seed003_masks() -> tuple[dict, str]:
+    """Seed 003's masks (float, 1 = hide) against the core's: the same cells, the opposite values."""
+    ids = np.array(SEED003_IDS)
+    seed_padding = (ids == 0).astype(np.float32)  # its padding_mask: 1 where the id is 0
+    ours = padding_mask(torch.tensor([SEED003_IDS]))[0, 0, 0]  # (7,) bool, True = may attend
+    dec = np.array(SEED003_DECODER_IDS)
+    look_ahead = 1.0 - np.tril(np.ones((len(dec), len(dec)), dtype=np.float32))  # its lookahead_mask(5)
+    combined = np.maximum((dec == 0).astype(np.float32)[None, :], look_ahead)  # maximum(padding, look-ahead)
+    decoder = decoder_self_mask(torch.tensor([SEED003_DECODER_IDS]))[0, 0]  # (5, 5) bool
+    padding_same = bool(torch.equal(from_hide_mask(torch.tensor(seed_padding)), ours))
+    decoder_same = bool(torch.equal(from_hide_mask(torch.tensor(combined)), decoder))
+    numbers = {"padding_mask": seed_padding.tolist(), "look_ahead": look_ahead.tolist(),
+               "decoder_mask": combined.tolist(), "padding_agrees": padding_same, "decoder_agrees": decoder_same}
+    return numbers, (heading("Seed 003's masks: 1 = hide")
+            + para("Seed 003 writes its masks the other way round, as floats with 1 on the cells to hide:",
+                   f"<code>padding_mask({SEED003_IDS})</code> is <code>{seed_padding.astype(int).tolist()}</code>",
+                   "where attnlab's is <code>" + str(ours.int().tolist()) + "</code> (1 = may attend), and its",
+                   "<code>lookahead_mask(5)</code> has 1 above the diagonal. Its decoder mask is the element-wise",
+                   "maximum of the two, hiding a cell when either mask hides it; attnlab's",
+                   "<code>decoder_self_mask</code> is the logical <i>and</i> of the two attend masks, the same thing",
+                   f"said the other way. For the decoder input {SEED003_DECODER_IDS}:")
+            + matrix(combined.astype(int), row_labels=[f"q {i}" for i in range(len(dec))],
+                     col_labels=[f"k {j}" for j in range(len(dec))],
+                     caption="seed 003: maximum(padding_mask, lookahead_mask), 1 = hidden", css="matrix mask")
+            + check(padding_same and decoder_same, "from_hide_mask turns both of the seed's masks into attnlab's "
+                                                   "padding_mask and decoder_self_mask, cell for cell"))
 
 
 def masks_section() -> Section:
@@ -79,6 +117,8 @@ def masks_section() -> Section:
     body += para("causal_mask(4): row t may attend to keys 0..t. The first token sees only itself, the last sees all.")
     body += matrix(look_ahead[0, 0].int().numpy(), row_labels=[f"q {i}" for i in range(4)],
                    col_labels=[f"k {j}" for j in range(4)], caption="causal_mask(4), 1 = attend", css="matrix mask")
+    seed003, seed003_body = _seed003_masks()
+    body += seed003_body
     body += heading("Scaled dot-product attention")
     body += para("softmax(QK<sup>T</sup> / sqrt(d<sub>k</sub>)) V for one query and three keys, with values",
                  "[0, 0], [1, 0], [1, 0]: the output's first number is the weight on keys 1 and 2.")
@@ -92,6 +132,7 @@ def masks_section() -> Section:
     body += check(float(w_m[0, 2]) == 0.0, "the hidden key gets weight 0 and the other two renormalise")
 
     numbers = {
+        "seed003": seed003,
         "padding_mask": mask[:, 0, 0].int().tolist(),
         "from_keep_mask_agrees": agrees,
         "softmax_plain": plain.tolist(),
