@@ -109,7 +109,8 @@ def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):
     # Settings the run's saved ones overrule are named (the run ends as it was planned).
     import shutil
 
-    shutil.copytree(run[0], tmp_path / "copy")
+    # (killed after its last checkpoint, before its report: a resume has the final evaluation left to do)
+    shutil.copytree(run[0], tmp_path / "copy", ignore=shutil.ignore_patterns("result.json"))
     result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", tmp_path / "copy", "--resume",
                     "--steps", "40", "--no-progress")
     assert result.exit_code == 0 and "ignored: steps=40 (the run has 80)" in result.stderr
@@ -145,7 +146,7 @@ def test_a_run_too_short_for_a_steady_window_reports_its_overall_rate_not_nan(tm
         raise ValueError(f"{constant} in result.json")
     report = json.loads((tmp_path / "one" / "result.json").read_text(), parse_constant=refuse)  # strict JSON
     assert report["steps"] == 1 and report["steady_tokens_per_second"] == report["tokens_per_second"] > 0
-    assert "nan " not in result.stdout and "nan%" not in result.stdout and "(1 step)" in result.stdout.strip().splitlines()[-1]
+    assert "nan " not in result.stdout and "nan%" not in result.stdout and "(1 of 80 steps, stopped by --max-seconds 0.0001)" in result.stdout.strip().splitlines()[-1]
 
 
 def test_a_warmup_as_long_as_the_run_is_allowed_with_a_note(tmp_path, run):
@@ -211,6 +212,12 @@ def test_nanogpt_preset_builds_nanogpts_model_and_counts_its_flops():
     assert with_bias.num_parameters() - model.num_parameters() == 4 * (2 * 128 + 3 * 128 + 128 + 512 + 128) + 128
 
 
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "none"])
+def test_flops_count_every_parameter_when_positions_have_none(positions):
+    model = build_lm(LM_PRESETS["nanogpt-cpu"].with_overrides(positions=positions), vocab_size=65)
+    assert flops_per_token(model, 64) == 6 * model.num_parameters() + 12 * 4 * 128 * 64
+
+
 def test_a_run_saved_before_the_bias_setting_resumes_with_its_biases(tmp_path):
     text = tmp_path / "fox.txt"
     text.write_text(TEXT, encoding="utf-8")
@@ -220,6 +227,58 @@ def test_a_run_saved_before_the_bias_setting_resumes_with_its_biases(tmp_path):
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["lm"].pop("bias") is True  # what a run of an older attnlab holds: no "bias" key, and biases
     (tmp_path / "run" / "config.json").write_text(json.dumps(config))
-    result = invoke("train", "lm", "--text", text, "--out", tmp_path / "run", "--resume", "--no-progress")
+    result = invoke("train", "lm", "--text", text, "--out", tmp_path / "run", "--resume", "--max-seconds", "0",
+                    "--no-progress")
     assert result.exit_code == 0, result.output
 
+
+def test_a_validation_split_too_short_is_refused_before_training(tmp_path):
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    result = invoke("train", "lm", "--text", text, "--out", tmp_path / "run", *TINY, "--val-fraction", "0.001")
+    assert result.exit_code == 2 and "the validation split holds 6 tokens" in result.stderr
+    assert not (tmp_path / "run").exists()  # said before anything was trained or written
+
+
+def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_run_behind(tmp_path):
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    diverging = [*TINY, "--lr", "1e30", "--min-lr", "0", "--warmup", "0"]  # the loss is NaN by step 2
+    result = invoke("train", "lm", "--text", text, "--out", tmp_path / "new", *diverging)
+    assert result.exit_code == 2 and "loss became nan" in result.stderr
+    assert not (tmp_path / "new").exists()  # a new run with other settings may use the name
+    kept = tmp_path / "mine"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    assert invoke("train", "lm", "--text", text, "--out", kept, *diverging).exit_code == 2
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]  # the run's files go, the folder and others stay
+    assert invoke("train", "lm", "--text", text, "--out", kept, *TINY).exit_code == 0
+    inf = invoke("train", "lm", "--text", text, "--out", tmp_path / "inf", *TINY, "--lr", "inf")
+    assert inf.exit_code == 2 and "finite" in inf.stderr and not (tmp_path / "inf").exists()
+
+
+def test_a_time_budget_can_be_raised_on_resume_and_an_ended_run_says_why_it_cannot_resume(tmp_path, run):
+    import shutil
+
+    finished = tmp_path / "finished"
+    shutil.copytree(run[0], finished)
+    before = (finished / "result.json").read_bytes()
+    result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", finished, "--resume", "--no-progress")
+    assert result.exit_code == 2 and "has finished its 80 steps" in result.stderr
+    assert (finished / "result.json").read_bytes() == before  # its report is not redone
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    timed = tmp_path / "timed"
+    first = invoke("train", "lm", "--text", text, "--out", timed, *TINY, "--max-seconds", "0.0001")
+    assert first.exit_code == 0 and "stopped by --max-seconds" in first.stdout
+    again = invoke("train", "lm", "--text", text, "--out", timed, "--resume", "--no-progress")
+    assert again.exit_code == 2 and "stopped at its time budget" in again.stderr and "after 1 of 80 steps" in again.stderr
+    longer = invoke("train", "lm", "--text", text, "--out", timed, "--resume", "--max-seconds", "0", "--no-progress")
+    assert longer.exit_code == 0, longer.output
+    assert "ignored" not in longer.stderr and "the run's saved settings" in longer.stdout
+    last = longer.stdout.strip().splitlines()[-1]
+    assert "of this resume (80 steps)" in last
+    assert json.loads((timed / "config.json").read_text())["lm"]["max_seconds"] == 0
+    # The same 80 steps as the uninterrupted run: the budget decided where it stopped, not what it computed.
+    assert json.loads((timed / "result.json").read_text())["val_loss"] == pytest.approx(
+        json.loads((run[0] / "result.json").read_text())["val_loss"], abs=1e-5)

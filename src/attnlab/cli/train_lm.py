@@ -25,10 +25,19 @@ def describe_report(report: LMReport, out: Path) -> list[str]:
         f"{report.model_flops / 1e9:.1f} GFLOP/s; peak = fastest of {PEAK_REPEATS} {PEAK_SIZE}x{PEAK_SIZE} float32 "
         "matmuls, in this process after training",
         f"run folder: {out} (model.safetensors, config.json, tokenizer.json, metrics.jsonl, loss.png, result.json)",
-        f"{report.steady_tokens_per_second:,.0f} tokens/s | {peak} | wall time {report.wall_seconds:.1f} s "
-        f"({report.steps} step{'s' if report.steps != 1 else ''}) | final val loss {report.val_loss:.4f} nats/token ({settings['final_eval_iters']} "
+        f"{report.steady_tokens_per_second:,.0f} tokens/s | {peak} | wall time {report.wall_seconds:.1f} s"
+        f"{' of this resume' if report.resumed else ''} ({_steps(report)}) | final val loss {report.val_loss:.4f} nats/token ({settings['final_eval_iters']} "
         f"batches of {settings['eval_batch_size']}x{settings['context']})",
     ]
+
+
+def _steps(report: LMReport) -> str:
+    """``450 steps``, or ``36 of 300 steps, stopped by --max-seconds 3`` for a run its time budget ended."""
+    planned, budget = report.settings["steps"], report.settings["max_seconds"]
+    done = f"{report.steps} step{'s' if report.steps != 1 else ''}"
+    if report.steps < planned:
+        return f"{report.steps} of {planned} steps, stopped by --max-seconds {budget:g}" if budget else f"{done} of {planned}"
+    return done
 
 
 @click.command("lm")
@@ -53,7 +62,7 @@ def describe_report(report: LMReport, out: Path) -> list[str]:
 @click.option("--min-lr", type=click.FloatRange(min=0), default=None, help="End of the cosine decay.")
 @click.option("--warmup", type=click.IntRange(min=0), default=None, help="Linear warmup steps.")
 @click.option("--weight-decay", type=click.FloatRange(min=0), default=None)
-@click.option("--grad-clip", type=click.FloatRange(min=0), default=None)
+@click.option("--grad-clip", type=click.FloatRange(min=0), default=None, help="Gradient norm clip (0: off).")
 @click.option("--ema", "ema_decay", type=float, default=None,
               help="Evaluate and keep a moving average of the weights with this decay per step (0: off).")
 @click.option("--eval-every", type=click.IntRange(min=0), default=None, help="Evaluate every N steps (0: only at the end).")
@@ -63,7 +72,8 @@ def describe_report(report: LMReport, out: Path) -> list[str]:
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
 @click.option("--threads", type=click.IntRange(min=0), default=None, help="torch threads (0: one per core).")
 @click.option("--seed", type=SEED, default=None)
-@click.option("--max-seconds", type=click.FloatRange(min=0), default=None, help="Stop training after this many seconds.")
+@click.option("--max-seconds", type=click.FloatRange(min=0), default=None,
+              help="Stop training after this many seconds in all (0: no limit); may be raised on --resume.")
 @click.option("--resume", is_flag=True, help="Continue from RUN/checkpoint.")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
 def train_lm(text: Path, out: Path, preset: str, compile_: bool | None, resume: bool, progress: bool,
@@ -77,7 +87,8 @@ def train_lm(text: Path, out: Path, preset: str, compile_: bool | None, resume: 
 
     def on_data(data: LMData) -> None:
         click.echo(f"data: {len(data.train):,} training and {len(data.val):,} validation tokens, "
-                   f"{data.tokenizer.kind} vocabulary of {data.tokenizer.vocab_size} ids (padding included) | preset {preset}")
+                   f"{data.tokenizer.kind} vocabulary of {data.tokenizer.vocab_size} ids (padding included) | "
+                   + ("the run's saved settings" if resume else f"preset {preset}"))
 
     requested = {k: v for k, v in {"compile": compile_, **overrides}.items() if v is not None}  # given here
     _, report = train_language_model(text, out, settings, progress=progress, resume=resume, on_data=on_data,

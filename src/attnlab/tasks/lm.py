@@ -114,6 +114,13 @@ def summed_loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum")
 
 
+def check_split(ids: Tensor, context: int, split: str) -> None:
+    """Refuse a split too short for one window of ``context`` inputs and their ``context`` targets."""
+    if len(ids) <= context:
+        hint = "; use a larger --val-fraction or a shorter context" if split == "validation" else ""
+        raise AttnlabError(f"the {split} split holds {len(ids)} tokens, fewer than the context of {context} + 1{hint}")
+
+
 @torch.no_grad()
 def evaluate_loss(model: nn.Module, ids: Tensor, *, context: int, batch_size: int, iters: int,
                   seed: int = 0, chunk: int = 256) -> float:
@@ -122,9 +129,7 @@ def evaluate_loss(model: nn.Module, ids: Tensor, *, context: int, batch_size: in
     All windows have ``context`` targets, so the mean over batches equals the mean over all windows;
     they are run ``chunk`` windows at a time (fewer, larger matmuls), which gives the same number.
     """
-    if len(ids) <= context:
-        raise AttnlabError(f"the validation split holds {len(ids)} tokens, fewer than the context of {context} + 1; "
-                           "use a larger --val-fraction or a shorter context")
+    check_split(ids, context, "validation")
     was_training = model.training
     model.eval()
     g = seeded_generator("eval", seed)
@@ -154,8 +159,8 @@ class LMTask:
 
     def __init__(self, train: Tensor, val: Tensor, *, context: int, batch_size: int, batches_per_epoch: int = 1000,
                  seed: int = 0, eval_iters: int = 20, eval_batch_size: int | None = None) -> None:
-        if len(train) <= context:
-            raise AttnlabError(f"the training split holds {len(train)} tokens, fewer than the context of {context} + 1")
+        check_split(train, context, "training")
+        check_split(val, context, "validation")  # said before training, not after it at the final evaluation
         if batch_size < 1 or context < 1 or eval_iters < 1:
             raise AttnlabError("batch size, context and eval iterations must be at least 1")
         self.train_ids, self.val_ids = train, val
@@ -198,10 +203,9 @@ def flops_per_token(model: nn.Module, context: int) -> float:
     matmuls over a context of T.
     """
     body = model.body  # a DecoderLM
-    n = model.num_parameters()
-    table = getattr(body.embed.positions, "table", None)
-    if table is not None:
-        n -= table.weight.numel()
+    # A learned table's parameters are looked up, not multiplied; sinusoidal and rotary positions have none.
+    positions = body.embed.positions
+    n = model.num_parameters() - (sum(p.numel() for p in positions.parameters()) if positions is not None else 0)
     layers = len(body.layers)
     d = body.embed.tokens.embedding_dim
     return 6.0 * n + 12.0 * layers * d * context

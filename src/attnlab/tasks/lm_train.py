@@ -158,6 +158,8 @@ class LMReport:
         steps, tokens: optimizer steps taken and training tokens seen.
         parameters: trainable parameters.
         peak_flops: this machine's float32 matmul rate, measured after training in the same process (0 if not).
+        resumed: the run continued from a checkpoint, so ``wall_seconds`` covers this invocation only, while
+            ``train_seconds`` and the token counts cover the whole run.
     """
 
     val_loss: float
@@ -171,6 +173,7 @@ class LMReport:
     parameters: int
     peak_flops: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
+    resumed: bool = False
 
     @property
     def model_flops(self) -> float:
@@ -208,6 +211,28 @@ def build_lm(settings: LMSettings, vocab_size: int, model_class: type[DecoderLM]
     """A freshly initialised model of ``settings`` (GPT-2's initialisation), seeded by ``settings.seed``."""
     seed_everything(settings.seed)
     return model_class(**settings.model_kwargs(vocab_size))
+
+
+def _refuse_finished(out: Path, settings: LMSettings) -> None:
+    """A resume of a run that has ended is refused with what ended it, instead of redoing its final evaluation."""
+    if not (out / RESULT_FILE).exists():
+        return
+    result = json.loads((out / RESULT_FILE).read_text(encoding="utf-8"))
+    steps, seconds = result["steps"], result["train_seconds"]
+    if steps >= settings.steps:
+        raise AttnlabError(f"{out} has finished its {steps} steps (final val loss {result['val_loss']:.4f}, "
+                           f"in {RESULT_FILE}); nothing to resume")
+    if settings.max_seconds and seconds >= settings.max_seconds:
+        raise AttnlabError(f"{out} stopped at its time budget, --max-seconds {settings.max_seconds:g}, after {steps} of "
+                           f"{settings.steps} steps ({seconds:.1f} s); resume with a larger --max-seconds (0: no limit)")
+
+
+def _remove_unstarted_run(out: Path, existed: bool) -> None:
+    """Remove the files a run writes before its first checkpoint; the folder too if the run created it."""
+    for name in (CONFIG, TOKENIZER_FILE, "metrics.jsonl", "loss.png"):
+        (out / name).unlink(missing_ok=True)
+    if not existed and not any(out.iterdir()):
+        out.rmdir()
 
 
 def train_language_model(
@@ -249,6 +274,10 @@ def train_language_model(
         saved = run_config["lm"]
         # (runs saved before ``bias`` was a setting had biases)
         settings = LMSettings(**{"bias": True, **saved, "betas": tuple(saved["betas"])})
+        # The time budget may change: it decides where the run stops, not what any of its steps compute.
+        budget = (requested or {}).get("max_seconds")
+        if budget is not None:
+            settings = replace(settings, max_seconds=budget)
         ignored = ignored_on_resume(requested or {}, asdict(settings))
         if ignored and is_main_process():
             print(ignored, file=sys.stderr)
@@ -256,6 +285,7 @@ def train_language_model(
         if started_on is not None and data is None and started_on != fingerprint(text):
             raise AttnlabError(f"{text} is not the text this run started with ({run_config['data']['text']}); "
                                "resume needs the same text")
+        _refuse_finished(Path(out), settings)
         if not has_checkpoint(out):
             # Killed before its first checkpoint: start again from step 0 with the saved settings, which is
             # exactly what the uninterrupted run did (as the classifier does).
@@ -281,9 +311,10 @@ def train_language_model(
         model = build_lm(settings, data.tokenizer.vocab_size, model_class)
         task = LMTask(data.train, data.val, context=settings.context, batch_size=settings.batch_size,
                       seed=settings.seed, eval_iters=settings.eval_iters, eval_batch_size=settings.eval_batch_size)
+        existed = Path(out).exists()
         out = ensure_writable_dir(out)  # only now: a setting the model or the data refuse leaves no folder behind
         data.tokenizer.save(out / TOKENIZER_FILE)
-        write_run_config(out, {
+        run_config = {
             "task": task_name,
             # A subclass (the leak experiment's) is recorded under its own name: no loader mistakes it for DecoderLM.
             "model": model_config(model),
@@ -293,8 +324,19 @@ def train_language_model(
                      "val_tokens": len(data.val)},
             "lm": asdict(settings),
             "train": config_dict(config),
-        })
-        result = run_training(model, task, config, out, resume=resume)
+        }
+        if not resume:  # a resume records its settings (a new time budget) once it has run: a failed one changes nothing
+            write_run_config(out, run_config)
+        try:
+            result = run_training(model, task, config, out, resume=resume)
+        except Exception:
+            # Failed (a loss gone NaN, say) before its first checkpoint: nothing in the folder can be resumed, and
+            # leaving its config.json would make the folder refuse a new run while --resume repeats the failure.
+            if not has_checkpoint(out) and is_main_process():
+                _remove_unstarted_run(out, existed)
+            raise
+        if resume:
+            write_run_config(out, run_config)
         load_weights(model, out / WEIGHTS)  # the kept (best) weights: what generate will use
         model.eval()
         val_loss = evaluate_loss(model, data.val, context=settings.context, batch_size=settings.eval_batch_size,
@@ -306,7 +348,7 @@ def train_language_model(
             steady_tokens_per_second=steady_rate(out / "metrics.jsonl", result.tokens_per_second),
             flops_per_token=flops_per_token(model, settings.context), steps=result.steps,
             tokens=result.tokens, parameters=model.num_parameters(),
-            settings=asdict(settings), peak_flops=measure_peak_matmul() if measure_peak else 0.0,
+            settings=asdict(settings), peak_flops=measure_peak_matmul() if measure_peak else 0.0, resumed=resume,
         )
         write_json_atomic(out / RESULT_FILE, report.as_dict())
         return model, report

@@ -121,8 +121,8 @@ class TrainConfig:
             raise AttnlabError(f"grad_accum must be >= 1, got {self.grad_accum}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise AttnlabError(f"the EMA decay must be in [0, 1) (0 = off), got {self.ema_decay}")
-        if not self.lr > 0:
-            raise AttnlabError(f"learning rate must be > 0, got {self.lr}")
+        if not 0 < self.lr < math.inf:
+            raise AttnlabError(f"learning rate must be a finite number > 0, got {self.lr}")
         if not 0.0 <= self.min_lr <= self.lr:
             raise AttnlabError(f"the final learning rate must be between 0 and the peak {self.lr}, got {self.min_lr}")
         for name, value in (("warmup steps", self.warmup_steps), ("weight decay", self.weight_decay),
@@ -362,7 +362,8 @@ class Trainer:
         started = time.perf_counter() - self.state["elapsed"]
         window_start, window_tokens = time.perf_counter(), 0
         try:
-            while self.state["step"] < cfg.max_steps:
+            # (a resumed run that had spent its time budget takes no further step)
+            while self.state["step"] < cfg.max_steps and not (cfg.max_seconds and self.state["elapsed"] >= cfg.max_seconds):
                 micro = [next(batches) for _ in range(cfg.grad_accum)]
                 loss, tokens = self._step(micro)
                 self.state["step"] += 1
