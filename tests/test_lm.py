@@ -282,3 +282,17 @@ def test_a_time_budget_can_be_raised_on_resume_and_an_ended_run_says_why_it_cann
     # The same 80 steps as the uninterrupted run: the budget decided where it stopped, not what it computed.
     assert json.loads((timed / "result.json").read_text())["val_loss"] == pytest.approx(
         json.loads((run[0] / "result.json").read_text())["val_loss"], abs=1e-5)
+
+
+def test_generate_into_a_closed_pipe_stops_quietly(run):
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "attnlab.cli.main", "generate", str(run[0]), "--prompt", "the",
+                             "--max-new-tokens", "3000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.read(3) == b"the"  # the prompt comes first; then the reader leaves, as `| head -c 3` does
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 128 + signal.SIGPIPE
+    assert "error" not in err and "Traceback" not in err, err

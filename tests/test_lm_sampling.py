@@ -102,7 +102,7 @@ def test_greedy_with_cache_equals_recomputing_the_prefix(positions):
     torch.testing.assert_close(torch.stack(steps, 1), full[:, 2:], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("keep", [None, 11, 1])
+@pytest.mark.parametrize("keep", [None, 12, 11, 1])
 def test_past_the_context_the_window_slides_as_documented(keep):
     """The cached loop equals a cache-free re-implementation of the sliding rule, far past the context."""
     model = tiny_lm(max_positions=12)
@@ -135,9 +135,23 @@ def test_banned_ids_and_bad_requests():
     logits_top = int(model(torch.tensor([[1]]))[0, -1].argmax())
     out = list(generate(model, [1], 20, seed=0, banned=[logits_top]))
     assert logits_top not in out
+    # Refused when called, before any token is asked for (the command line has printed nothing yet).
     with pytest.raises(AttnlabError, match="empty"):
-        list(generate(model, [], 5))
+        generate(model, [], 5)
     with pytest.raises(AttnlabError, match="at least 1"):
-        list(generate(model, [1], 0))
-    with pytest.raises(AttnlabError, match="keep"):
-        list(generate(model, [1], 3, keep=12))
+        generate(model, [1], 0)
+    for keep in (0, 13):
+        with pytest.raises(AttnlabError, match="keep must be between 1 and 12"):
+            generate(model, [1], 3, keep=keep)
+
+
+def test_a_model_with_a_context_of_one_generates_with_and_without_the_cache():
+    model = tiny_lm(max_positions=1)
+    cached = list(generate(model, [3, 4], 10, greedy=True))
+    fresh = list(generate(model, [3, 4], 10, greedy=True, use_cache=False))
+    with torch.no_grad():  # each token from the one before it alone
+        expected, last = [], 4
+        for _ in range(10):
+            last = int(model(torch.tensor([[last]]))[0, -1].argmax())
+            expected.append(last)
+    assert cached == fresh == expected

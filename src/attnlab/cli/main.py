@@ -8,6 +8,7 @@ stderr, ``error: ...``, and exit status 2; never a stack trace.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from typing import Any
@@ -64,6 +65,11 @@ class _MainGroup(LazyGroup):
         except AttnlabError as err:
             click.echo(f"error: {err}", err=True)
             ctx.exit(2)
+        except BrokenPipeError:
+            # The reader left (`attnlab generate ... | head`): stop quietly as other command-line tools do, with
+            # SIGPIPE's status; stdout goes to /dev/null so that Python's own flush at exit fails no more.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(128 + signal.SIGPIPE)
         except OSError as err:  # a path that does not exist, a folder we may not write...
             where = f": {err.filename}" if getattr(err, "filename", None) else ""
             click.echo(f"error: {err.strerror or err}{where}", err=True)

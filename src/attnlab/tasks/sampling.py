@@ -86,7 +86,6 @@ def next_token(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-@torch.inference_mode()
 def generate(
     model: DecoderLM,
     prompt: Sequence[int],
@@ -110,8 +109,11 @@ def generate(
         temperature, top_k, top_p, greedy: see :func:`next_token`.
         seed: seeds the sampling generator (None: a fresh random seed).
         use_cache: one position per step through the KV caches (else the whole window every step).
-        keep: tokens kept when the window slides (default ``max_positions // 2``).
+        keep: tokens kept when the window slides (default half the context, at least 1).
         banned: ids never produced (the padding id, which no training target holds).
+
+    Raises:
+        AttnlabError: on a bad argument, when called (not at the first token), so that nothing is printed first.
     """
     if not prompt:
         raise AttnlabError("the prompt is empty: give at least one token to continue")
@@ -120,9 +122,19 @@ def generate(
     if not greedy:
         check_sampling(temperature, top_k, top_p)
     span = model.max_positions
-    keep = span // 2 if keep is None else keep
-    if not 1 <= keep < span:
-        raise AttnlabError(f"keep must be between 1 and {span - 1}, got {keep}")
+    keep = max(1, span // 2) if keep is None else keep
+    if not 1 <= keep <= span:  # keep == span re-reads a whole window at each slide (a context of 1 can only do that)
+        raise AttnlabError(f"keep must be between 1 and {span}, got {keep}")
+    return _tokens(model, list(prompt), max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                   greedy=greedy, seed=seed, use_cache=use_cache, keep=keep, banned=banned)
+
+
+@torch.inference_mode()
+def _tokens(model: DecoderLM, context: list[int], max_new_tokens: int, *, temperature: float, top_k: int | None,
+            top_p: float | None, greedy: bool, seed: int | None, use_cache: bool, keep: int,
+            banned: Sequence[int]) -> Iterator[int]:
+    """The generator behind :func:`generate`, its arguments checked; ``context`` (the prompt) grows in place."""
+    span = model.max_positions
     device = next(model.parameters()).device
     generator = torch.Generator(device=device)
     if seed is None:
@@ -135,7 +147,6 @@ def generate(
         x = torch.tensor([list(ids)], dtype=torch.long, device=device)
         return model(x, caches=caches)[:, -1].float()  # (1, vocab): logits of the next token
 
-    context = list(prompt)
     caches = model.new_caches() if use_cache else None
     logits = run(context[-span:], caches)
     for step in range(max_new_tokens):
