@@ -5,6 +5,7 @@ Every text is written here; nothing is read from ../shared.
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -48,6 +49,8 @@ def test_tiny_training_learns_the_text_and_reports_on_its_last_line(run):
     assert val < 0.5 < math.log(27)  # a repeated sentence: far below the uniform guess of ln(27) = 3.3 nats
     assert report["steps"] == 80 and report["tokens"] == 80 * 16 * 24
     assert 0 < report["peak_fraction"] < 1
+    # log_every 50 over 80 steps: windows at steps 50 and 80; the steady rate is the second alone
+    assert "steady (the one logged window after the first)" in result.stdout
     for name in ("config.json", "tokenizer.json", "model.safetensors", "metrics.jsonl", "loss.png"):
         assert (folder / name).is_file(), name
 
@@ -91,13 +94,17 @@ def test_a_run_of_another_task_or_no_run_is_a_clear_error(tmp_path):
     result = invoke("generate", other, "--prompt", "hi")
     assert result.exit_code == 2 and result.stderr == f"error: {other} is a 'classify' run, not a 'lm' run\n"
     result = invoke("generate", tmp_path / "missing", "--prompt", "hi")
-    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "is not a folder" in result.stderr
+    assert result.exit_code == 2 and result.stderr == f"error: {tmp_path / 'missing'} does not exist: no run there\n"
+    (tmp_path / "file").write_text("x")
+    result = invoke("generate", tmp_path / "file", "--prompt", "hi")
+    assert result.exit_code == 2 and result.stderr == f"error: {tmp_path / 'file'} is not a folder\n"
 
 
 def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     for path, out, message in ((tmp_path / "nope.txt", tmp_path / "r", "no text file"),
+                               (tmp_path, tmp_path / "r", "is a folder, not a text file"),
                                (empty, tmp_path / "r", "is empty"),
                                (empty, run[0], "already holds a run")):
         result = invoke("train", "lm", "--text", path, "--out", out, "--no-progress")
@@ -146,6 +153,7 @@ def test_a_run_too_short_for_a_steady_window_reports_its_overall_rate_not_nan(tm
         raise ValueError(f"{constant} in result.json")
     report = json.loads((tmp_path / "one" / "result.json").read_text(), parse_constant=refuse)  # strict JSON
     assert report["steps"] == 1 and report["steady_tokens_per_second"] == report["tokens_per_second"] > 0
+    assert "steady (no window logged: the overall rate)" in result.stdout
     assert "nan " not in result.stdout and "nan%" not in result.stdout and "(1 of 80 steps, stopped by --max-seconds 0.0001)" in result.stdout.strip().splitlines()[-1]
 
 
@@ -175,6 +183,9 @@ def test_bpe_tokenizer_trains_generates_and_refuses_a_vocabulary_smaller_than_th
     greedy = invoke("generate", tmp_path / "bpe", "--prompt", "the quick", "--max-new-tokens", 12, "--greedy")
     assert greedy.exit_code == 0, greedy.output
     assert greedy.stdout.startswith("the quick brown fox jumps")  # subwords decode back to the text's spacing
+    assert "note:" not in greedy.stderr
+    odd = invoke("generate", tmp_path / "bpe", "--prompt", "the Ü quick", "--max-new-tokens", 3, "--greedy")
+    assert odd.exit_code == 0 and "note: 1 piece of the prompt is not in the vocabulary; the model reads <unk>" in odd.stderr
 
 
 def test_batches_are_seeded_by_epoch_and_shard_across_processes(tmp_path):
@@ -296,3 +307,27 @@ def test_generate_into_a_closed_pipe_stops_quietly(run):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 128 + signal.SIGPIPE
     assert "error" not in err and "Traceback" not in err, err
+
+
+def test_notes_name_settings_that_do_not_do_what_they_say_and_follow_the_texts_checks(tmp_path):
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    short = [*TINY[: TINY.index("--steps")], *TINY[TINY.index("--steps") + 2 :], "--steps", "3"]
+    missing = invoke("train", "lm", "--text", tmp_path / "nope.txt", "--out", tmp_path / "a", *short)
+    assert missing.exit_code == 2 and missing.stderr == f"error: no text file {tmp_path / 'nope.txt'}\n"  # no note first
+    char = invoke("train", "lm", "--text", text, "--out", tmp_path / "char", *TINY, "--bpe-vocab-size", "500")
+    assert char.exit_code == 0 and "note: --bpe-vocab-size is for --tokenizer bpe" in char.stderr
+    bpe = invoke("train", "lm", "--text", text, "--out", tmp_path / "bpe", *TINY, "--tokenizer", "bpe",
+                 "--bpe-vocab-size", "100000")
+    assert bpe.exit_code == 0, bpe.output
+    assert re.search(r"note: the text gives a BPE vocabulary of \d+ ids, fewer than the 100000 asked for", bpe.stderr)
+
+
+def test_checkpoint_every_reaches_the_engine_and_the_runs_config(tmp_path):
+    assert LM_PRESETS["shakespeare-fast"].with_overrides(checkpoint_every=25).train_config().checkpoint_every == 25
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    tiny = [*TINY, "--eval-every", "0", "--checkpoint-every", "30", "--max-seconds", "1e-9"]
+    assert invoke("train", "lm", "--text", text, "--out", tmp_path / "run", *tiny).exit_code == 0
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["lm"]["checkpoint_every"] == 30 and config["train"]["checkpoint_every"] == 30

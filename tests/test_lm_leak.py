@@ -2,6 +2,7 @@
 
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -43,6 +44,9 @@ def test_leak_experiment_shows_the_leak_three_ways(tmp_path):
     assert "changing tokens after position" in leaky["check_summary"]
     assert (out / "leak.png").stat().st_size > 10_000
     assert "verdict: leaky teacher forced lower: yes" in result.output
+    flat = " ".join(result.output.split())  # the table's title wraps at the terminal's width
+    assert "teacher-forced loss says it is better; writing and the causal check say it is broken" in flat
+    assert "check of the leaky model: seed" in flat
     # The command printed for `attnlab check` runs the same check on the saved model, and fails it.
     check = CliRunner().invoke(cli, numbers["check_commands"]["leaky"].split()[1:])
     assert check.exit_code == 1 and "FAIL" in check.output
@@ -176,3 +180,17 @@ def test_leak_refuses_an_out_holding_an_experiment_or_part_of_one_and_changes_no
     assert line == (f"error: {partial} already holds a leak experiment or part of one (causal/); "
                     f"choose another --out, or delete {partial} to run it there again")
     assert _snapshot(partial) == before
+
+
+def test_a_budget_shorter_than_the_warmup_warms_up_for_a_tenth_and_the_title_follows_the_verdict(tmp_path):
+    text = tmp_path / "abc.txt"
+    text.write_text("abc" * 400)
+    result = CliRunner().invoke(cli, ["experiment", "leak", "--text", str(text), "--out", str(tmp_path / "leak"),
+                                      "--steps", "3", "--sample-tokens", "3"])
+    assert result.exit_code == 0, result.output
+    assert "note: --warmup" not in result.stderr  # experiment leak has no --warmup to blame
+    assert json.loads((tmp_path / "leak" / "causal" / "config.json").read_text())["lm"]["warmup"] == 0
+    flat = " ".join(result.output.split())
+    verdict = re.search(r"verdict: (.*?) plot:", flat).group(1)
+    told = "teacher-forced loss says it is better" in flat
+    assert told == ("NO" not in verdict) and told != ("did not show every expected difference" in flat)

@@ -10,7 +10,7 @@ import click
 
 from attnlab.cli import SEED, omp_passive  # noqa: F401  (omp_passive: before torch is imported)
 from attnlab.cli.params import PathParam
-from attnlab.data.tokenizers import CharTokenizer, load_tokenizer
+from attnlab.data.tokenizers import UNK_ID, CharTokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.tasks.lm import TASK_NAME, TOKENIZER_FILE, torch_threads
 from attnlab.tasks.sampling import check_sampling, generate
@@ -55,6 +55,10 @@ def _generate(run: Path, prompt: str, max_new_tokens: int, *, temperature: float
     prompt_ids = tokenizer.encode(prompt)
     if not prompt_ids:
         raise AttnlabError(f"--prompt {prompt!r} encodes to no tokens; give some text the model knows")
+    unknown = prompt_ids.count(UNK_ID)  # only a subword vocabulary lets one through (the char one refuses it)
+    if unknown:
+        click.echo(f"note: {unknown} piece{'s' if unknown != 1 else ''} of the prompt {'are' if unknown != 1 else 'is'} "
+                   "not in the vocabulary; the model reads <unk> there", err=True)
     out = sys.stdout
     out.write(prompt)
     out.flush()

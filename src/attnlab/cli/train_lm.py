@@ -18,8 +18,8 @@ def describe_report(report: LMReport, out: Path) -> list[str]:
     peak = (f"{report.peak_fraction:.1%} of the measured peak {report.peak_flops / 1e9:.1f} GFLOP/s"
             if report.peak_flops else "peak not measured")
     return [
-        f"throughput: {report.steady_tokens_per_second:,.0f} training tokens/s steady (median of the logged windows "
-        f"after the first), {report.tokens_per_second:,.0f} overall ({report.tokens:,} tokens in "
+        f"throughput: {report.steady_tokens_per_second:,.0f} training tokens/s steady ({report.steady_basis}), "
+        f"{report.tokens_per_second:,.0f} overall ({report.tokens:,} tokens in "
         f"{report.train_seconds:.1f} s, compilation and evaluations included)",
         f"compute: {report.flops_per_token / 1e6:.2f} MFLOP per token (6N + 12LdT) x steady rate = "
         f"{report.model_flops / 1e9:.1f} GFLOP/s; peak = fastest of {PEAK_REPEATS} {PEAK_SIZE}x{PEAK_SIZE} float32 "
@@ -66,6 +66,8 @@ def _steps(report: LMReport) -> str:
 @click.option("--ema", "ema_decay", type=float, default=None,
               help="Evaluate and keep a moving average of the weights with this decay per step (0: off).")
 @click.option("--eval-every", type=click.IntRange(min=0), default=None, help="Evaluate every N steps (0: only at the end).")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=None,
+              help="Also write the resume checkpoint every N steps (0: at evaluations only). [preset: 0]")
 @click.option("--eval-iters", type=click.IntRange(min=1), default=None, help="Validation batches per evaluation during training.")
 @click.option("--final-eval-iters", type=click.IntRange(min=1), default=None, help="Validation batches of the final loss.")
 @click.option("--bf16/--no-bf16", default=None, help="bfloat16 autocast.")

@@ -158,8 +158,9 @@ class BPETokenizer:
             # silently come back larger (and without a single merge).
             need = tok.get_vocab_size()
             raise AttnlabError(
-                f"a BPE vocabulary of {vocab_size} ids cannot hold the {need} it starts from (the training text's "
-                f"{need - 4} distinct symbols, a word start marked as one, and 4 special tokens); ask for at least {need}")
+                f"a BPE vocabulary of {vocab_size} ids cannot hold the {need} it starts from: the training text's "
+                f"{need - 4} distinct symbols (the word-start mark among them) and 4 special tokens; ask for at least "
+                f"{need}")
         return cls(tok)
 
     @property

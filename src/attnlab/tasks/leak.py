@@ -117,7 +117,7 @@ def _plot(out_png: Path, rows: list[LeakRow], curves: dict[str, list[tuple[int, 
         if points:
             left.plot(*zip(*points), label=f"{name}: training loss (teacher-forced)", color=colors[name])
     left.axhline(uniform, color="grey", linestyle=":", label=f"uniform guess, ln V = {uniform:.2f}")
-    left.set(xlabel="step", ylabel="nats per token", title="Training: the leaky model looks better")
+    left.set(xlabel="step", ylabel="nats per token", title="Training loss, teacher-forced")
     left.legend(fontsize=8)
     left.grid(linestyle="--", alpha=0.4)
     kinds = ["teacher-forced\n(validation windows)", "future absent, same windows\n(as in generation)"]
@@ -129,7 +129,7 @@ def _plot(out_png: Path, rows: list[LeakRow], curves: dict[str, list[tuple[int, 
         right.bar_label(bars, fmt="%.2f", fontsize=8)
     right.axhline(uniform, color="grey", linestyle=":")
     right.set_xticks(range(2), kinds)
-    right.set(ylabel="nats per token", title="Writing: the leaky model is useless")
+    right.set(ylabel="nats per token", title="Validation windows: future present and absent")
     right.legend(fontsize=8)
     right.grid(axis="y", linestyle="--", alpha=0.4)
     fig.tight_layout()

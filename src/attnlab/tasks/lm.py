@@ -57,6 +57,8 @@ class LMData:
 def read_text(path: str | Path) -> str:
     """The whole file as UTF-8 text; a missing, binary or empty file is an :class:`AttnlabError`."""
     path = Path(path)
+    if path.is_dir():
+        raise AttnlabError(f"{path} is a folder, not a text file")
     if not path.is_file():
         raise AttnlabError(f"no text file {path}")
     try:

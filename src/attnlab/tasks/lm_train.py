@@ -71,6 +71,7 @@ class LMSettings:
         steps, lr, min_lr, warmup, weight_decay, betas, grad_clip: AdamW with linear warmup and cosine decay.
         ema_decay: evaluate and keep a moving average of the weights (0 = off; the engine's ``TrainConfig``).
         eval_every, eval_iters: evaluation during training (0 = only at the end), on how many batches.
+        checkpoint_every: also write the resume checkpoint every N steps (0 = at evaluations only).
         final_eval_iters: batches of the final validation loss, the figure the run reports.
         eval_batch_size: windows per evaluation batch (nanoGPT's 12 whatever the training batch, so that
             every preset's loss is the mean over the same number of windows).
@@ -100,6 +101,7 @@ class LMSettings:
     eval_iters: int = 20
     final_eval_iters: int = 200
     eval_batch_size: int = 12
+    checkpoint_every: int = 0
     bf16: bool = False
     compile: bool = False
     threads: int = 0
@@ -120,7 +122,7 @@ class LMSettings:
             max_steps=self.steps, lr=self.lr, min_lr=self.min_lr, warmup_steps=self.warmup, schedule="cosine",
             weight_decay=self.weight_decay, betas=self.betas, grad_clip=self.grad_clip, ema_decay=self.ema_decay,
             eval_every=self.eval_every, log_every=self.log_every, bf16=self.bf16, compile=self.compile, seed=self.seed,
-            max_seconds=self.max_seconds, progress=progress,
+            max_seconds=self.max_seconds, checkpoint_every=self.checkpoint_every, progress=progress,
         )
 
     def with_overrides(self, **overrides: Any) -> LMSettings:
@@ -153,7 +155,7 @@ class LMReport:
         train_seconds: the engine's training time (steps and in-training evaluations, compilation included).
         tokens_per_second: training tokens over ``train_seconds``.
         steady_tokens_per_second: median of the logged windows after the first (no warm-up or compilation);
-            the overall rate when the run logged none.
+            the only window or the overall rate when the run logged fewer (``steady_basis`` says which).
         flops_per_token: model training FLOPs per token (nanoGPT's count).
         steps, tokens: optimizer steps taken and training tokens seen.
         parameters: trainable parameters.
@@ -174,6 +176,7 @@ class LMReport:
     peak_flops: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
     resumed: bool = False
+    steady_basis: str = "median of the logged windows after the first"
 
     @property
     def model_flops(self) -> float:
@@ -191,11 +194,13 @@ class LMReport:
         return {**asdict(self), "model_flops": self.model_flops, "peak_fraction": fraction}
 
 
-def steady_rate(metrics_path: Path, overall: float) -> float:
-    """Median tokens/s of the logged windows after the first (which holds start-up and compilation).
+def steady_rate(metrics_path: Path, overall: float) -> tuple[float, str]:
+    """Median tokens/s of the logged windows after the first (which holds start-up and compilation), and
+    how it was found, in words for the report.
 
-    A run too short to log a window (or stopped by its time budget first) has no steady rate; ``overall``,
-    its tokens over its training time, stands in, so that no figure of the report is NaN.
+    A run too short to log a second window has no steady rate: its one window stands in, or when it logged
+    none (stopped by its time budget first) ``overall``, its tokens over its training time, so that no figure
+    of the report is NaN; the words say so.
     """
     rates = []
     if metrics_path.exists():
@@ -203,14 +208,33 @@ def steady_rate(metrics_path: Path, overall: float) -> float:
             record = json.loads(line)
             if "tokens_per_second" in record:
                 rates.append(record["tokens_per_second"])
-    rates = rates[1:] or rates
-    return statistics.median(rates) if rates else overall
+    if len(rates) > 2:
+        return statistics.median(rates[1:]), f"median of the {len(rates) - 1} logged windows after the first"
+    if len(rates) == 2:
+        return rates[1], "the one logged window after the first"
+    if rates:
+        return rates[0], "the only logged window, start-up and compilation included"
+    return overall, "no window logged: the overall rate"
 
 
 def build_lm(settings: LMSettings, vocab_size: int, model_class: type[DecoderLM] = DecoderLM) -> DecoderLM:
     """A freshly initialised model of ``settings`` (GPT-2's initialisation), seeded by ``settings.seed``."""
     seed_everything(settings.seed)
     return model_class(**settings.model_kwargs(vocab_size))
+
+
+def _notes(settings: LMSettings, data: LMData, requested: dict[str, Any]) -> list[str]:
+    """Settings that are allowed but rarely what was meant, each said in one line."""
+    notes = []
+    if settings.warmup >= settings.steps:
+        notes.append(f"--warmup {settings.warmup} is not shorter than --steps {settings.steps}: the learning rate "
+                     f"never reaches its peak {settings.lr:g}")
+    if settings.tokenizer == "char" and "bpe_vocab_size" in requested:
+        notes.append("--bpe-vocab-size is for --tokenizer bpe; the char tokenizer ignores it")
+    if settings.tokenizer == "bpe" and data.tokenizer.vocab_size < settings.bpe_vocab_size:
+        notes.append(f"the text gives a BPE vocabulary of {data.tokenizer.vocab_size} ids, fewer than the "
+                     f"{settings.bpe_vocab_size} asked for: no further pair of pieces occurs twice")
+    return notes
 
 
 def _refuse_finished(out: Path, settings: LMSettings) -> None:
@@ -299,9 +323,6 @@ def train_language_model(
     if settings.width % settings.heads:  # said here in the command's words, before the text is read
         raise AttnlabError(f"--width {settings.width} is not divisible by --heads {settings.heads}: "
                            "each head gets width / heads dimensions")
-    if settings.warmup >= settings.steps and is_main_process():  # allowed, but rarely what was meant
-        print(f"note: --warmup {settings.warmup} is not shorter than --steps {settings.steps}: the learning rate "
-              f"never reaches its peak {settings.lr:g}", file=sys.stderr)
     with torch_threads(settings.threads):  # restored afterwards: callers in the same process keep theirs
         if data is None:
             data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction,
@@ -311,6 +332,9 @@ def train_language_model(
         model = build_lm(settings, data.tokenizer.vocab_size, model_class)
         task = LMTask(data.train, data.val, context=settings.context, batch_size=settings.batch_size,
                       seed=settings.seed, eval_iters=settings.eval_iters, eval_batch_size=settings.eval_batch_size)
+        if is_main_process():  # once the text and the settings have been accepted
+            for note in _notes(settings, data, requested or {}):
+                print(f"note: {note}", file=sys.stderr)
         existed = Path(out).exists()
         out = ensure_writable_dir(out)  # only now: a setting the model or the data refuse leaves no folder behind
         data.tokenizer.save(out / TOKENIZER_FILE)
@@ -342,10 +366,11 @@ def train_language_model(
         val_loss = evaluate_loss(model, data.val, context=settings.context, batch_size=settings.eval_batch_size,
                                  iters=settings.final_eval_iters, seed=settings.seed)
         wall = time.perf_counter() - started
+        steady, basis = steady_rate(out / "metrics.jsonl", result.tokens_per_second)
         report = LMReport(
             val_loss=val_loss, wall_seconds=wall, train_seconds=result.elapsed,
             tokens_per_second=result.tokens_per_second,
-            steady_tokens_per_second=steady_rate(out / "metrics.jsonl", result.tokens_per_second),
+            steady_tokens_per_second=steady, steady_basis=basis,
             flops_per_token=flops_per_token(model, settings.context), steps=result.steps,
             tokens=result.tokens, parameters=model.num_parameters(),
             settings=asdict(settings), peak_flops=measure_peak_matmul() if measure_peak else 0.0, resumed=resume,

@@ -155,6 +155,8 @@ def read_run_config(run_dir: str | Path, task: str | None = None) -> dict[str, A
     """Read ``RUN/config.json``; check that the folder is a run of ``task`` when given."""
     run_dir = Path(run_dir)
     path = run_dir / CONFIG
+    if not run_dir.exists():
+        raise AttnlabError(f"{run_dir} does not exist: no run there")
     if not run_dir.is_dir():
         raise AttnlabError(f"{run_dir} is not a folder")
     if not path.is_file():
