@@ -419,7 +419,7 @@ def test_cli_reads_a_package_module_spec(tmp_path, monkeypatch):
     ("import warnings\ndef factory():\n    warnings.warn('old')\n    raise RuntimeError('no weights')\n",
      "{file}:factory", "factory .* raised RuntimeError: no weights"),  # and no warning line after the error
     (None, "no_such_package.models:factory", "no such module: no_such_package.models .*path/to/file.py:factory"),
-    (None, "no_colon_here", "SPEC must be"),
+    (None, "no_colon_here", "is neither a run folder nor path/to/file.py:factory"),
 ])
 def test_cli_bad_spec_is_one_error_line_and_exit_2(tmp_path, source, spec, message):
     file = tmp_path / "factories.py"

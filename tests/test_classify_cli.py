@@ -168,7 +168,7 @@ def test_bad_run_folders_are_one_line_and_exit_2(trained, tmp_path):
     root, _ = trained
     data = write_tickets(tmp_path / "d.csv", 10)
     assert "not an attnlab run folder" in one_error_line(run("eval", "classify", tmp_path, "--data", data))
-    assert "not a folder" in one_error_line(run("predict", tmp_path / "nothing", "hi"))
+    assert "does not exist: no run there" in one_error_line(run("predict", tmp_path / "nothing", "hi"))
     broken = tmp_path / "broken"
     broken.mkdir()
     for name in ("config.json", "tokenizer.json"):
@@ -299,3 +299,13 @@ def test_load_run_in_a_fresh_process_rebuilds_a_classifier_run(trained):
     assert done.returncode == 0, done.stderr
     labels = json.loads((trained[0] / "run" / "config.json").read_text())["labels"]
     assert done.stdout.split() == ["TextClassifier", "False", str(len(labels))]
+
+
+def test_check_reads_a_classifier_runs_contract(trained):
+    root, _ = trained
+    result = run("check", root / "run", "--json", "--seeds", "1")
+    report = json.loads(result.stdout)
+    assert report["contract"]["kind"] == "encoder" and report["contract"]["pad_id"] == 0
+    assert report["contract"]["max_length"] == json.loads((root / "run" / "config.json").read_text())["model"]["kwargs"][
+        "max_positions"]
+    assert {c["name"]: c["status"] for c in report["checks"]}["padding-invariance"] == "pass"

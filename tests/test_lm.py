@@ -331,3 +331,24 @@ def test_checkpoint_every_reaches_the_engine_and_the_runs_config(tmp_path):
     assert invoke("train", "lm", "--text", text, "--out", tmp_path / "run", *tiny).exit_code == 0
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["lm"]["checkpoint_every"] == 30 and config["train"]["checkpoint_every"] == 30
+
+
+def test_check_takes_a_run_folder_and_reads_its_contract_from_it(run, tmp_path):
+    result = invoke("check", run[0], "--json", "--seeds", "2")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    # An lm run: a decoder without padding, its character vocabulary and its context of 24.
+    vocab = json.loads((run[0] / "config.json").read_text())["model"]["kwargs"]["vocab_size"]
+    assert report["contract"] == {"kind": "decoder", "pad_id": None, "vocab_size": vocab, "max_length": 24,
+                                  "empty_rows": True}
+    assert {c["name"]: c["status"] for c in report["checks"]}["causal"] == "pass"
+    given = json.loads(invoke("check", run[0], "--json", "--seeds", "1", "--max-length", "8").stdout)
+    assert given["contract"]["max_length"] == 8  # an option still overrides the run's own figure
+    (tmp_path / "model.py").write_text("def f():\n    return None\n")
+    for spec, message in ((tmp_path / "nope", "is neither a run folder nor path/to/file.py:factory"),
+                          (tmp_path / "model.py", "names a file but no factory"),
+                          (run[0].parent / "fox.txt", "is not an attnlab run folder (no config.json)")):
+        result = invoke("check", spec)
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    factory = invoke("check", f"{tmp_path / 'model.py'}:f")
+    assert factory.exit_code == 2 and "Missing option '--kind'" in factory.stderr

@@ -316,3 +316,12 @@ def test_a_resume_from_a_damaged_checkpoint_is_one_error_and_changes_nothing(toy
     assert result.exit_code == 2 and result.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "is not a readable safetensors file" in result.stderr
     assert {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # config.json too
+
+
+def test_check_reads_a_translation_runs_contract(toy):
+    result = run_cli("check", toy["run"], "--json", "--seeds", "1")
+    report = json.loads(result.stdout)
+    kwargs = json.loads((toy["run"] / "config.json").read_text())["model"]["kwargs"]
+    assert report["contract"]["kind"] == "seq2seq"
+    assert report["contract"]["vocab_size"] == min(kwargs["src_vocab_size"], kwargs["tgt_vocab_size"])
+    assert {c["name"]: c["status"] for c in report["checks"]}["causal"] == "pass"

@@ -14,15 +14,26 @@ import json
 import sys
 import warnings
 from collections.abc import Iterable
+from pathlib import Path
 
 import click
 
 from attnlab.checks.contract import KINDS, MAX_VOCAB_SIZE, MIN_MAX_LENGTH, MIN_VOCAB_SIZE, Contract
 from attnlab.checks.loading import load_model
 from attnlab.checks.runner import run_checks
+from attnlab.errors import AttnlabError
+from attnlab.training.checkpoint import CONFIG, load_run, read_run_config
+
+#: A run folder's task -> the kind of model it holds.
+RUN_KINDS = {"lm": "decoder", "lm-leak": "decoder", "classify": "encoder", "translate": "seq2seq"}
+#: The contract of a factory SPEC when no option says otherwise.
+FACTORY_DEFAULTS = {"pad_id": 0, "vocab_size": 32, "max_length": 16}
+_UNSET = object()  # an option left out (None is a value of --pad-id)
 
 
-def _pad_id(ctx: click.Context, param: click.Parameter, value: str) -> int | None:
+def _pad_id(ctx: click.Context, param: click.Parameter, value: str | None) -> object:
+    if value is None:
+        return _UNSET
     if value.lower() == "none":
         return None
     try:
@@ -40,27 +51,57 @@ def warning_lines(caught: Iterable[warnings.WarningMessage]) -> list[str]:
     return list(lines)
 
 
+def run_contract(config: dict) -> dict:
+    """The contract options a run folder's ``config.json`` implies: its kind, padding id, vocabulary, length.
+
+    For a translation model the smaller of the two vocabularies and of the two position tables.
+    """
+    task, kwargs = config.get("task"), config["model"]["kwargs"]
+    if task not in RUN_KINDS:
+        raise AttnlabError(f"a {task!r} run is not one attnlab check knows how to call; use a factory SPEC")
+    vocab = kwargs.get("vocab_size") or min(kwargs["src_vocab_size"], kwargs["tgt_vocab_size"])
+    length = kwargs.get("max_positions") or min(kwargs["max_src_positions"], kwargs["max_tgt_positions"])
+    return {"kind": RUN_KINDS[task], "pad_id": kwargs.get("pad_id"), "vocab_size": vocab, "max_length": length}
+
+
 @click.command()
 @click.argument("spec")
-@click.option("--kind", type=click.Choice(KINDS), required=True,
-              help="encoder/decoder: model(ids); seq2seq: model(src, tgt).")
-@click.option("--pad-id", default="0", show_default=True, callback=_pad_id,
-              help="Padding id (right padding), or 'none' for a model without padding.")
-@click.option("--vocab-size", type=click.IntRange(min=MIN_VOCAB_SIZE, max=MAX_VOCAB_SIZE), default=32, show_default=True,
-              help="Ids are drawn below this (for seq2seq: the smaller vocabulary).")
-@click.option("--max-length", type=click.IntRange(min=MIN_MAX_LENGTH), default=16, show_default=True,
-              help="Longest sequence the model accepts.")
+@click.option("--kind", type=click.Choice(KINDS), default=None,
+              help="encoder/decoder: model(ids); seq2seq: model(src, tgt). [a run: its task's]")
+@click.option("--pad-id", default=None, callback=_pad_id,
+              help="Padding id (right padding), or 'none' for a model without padding. [factory: 0; a run: its own]")
+@click.option("--vocab-size", type=click.IntRange(min=MIN_VOCAB_SIZE, max=MAX_VOCAB_SIZE), default=None,
+              help="Ids are drawn below this (for seq2seq: the smaller vocabulary). [factory: 32; a run: its own]")
+@click.option("--max-length", type=click.IntRange(min=MIN_MAX_LENGTH), default=None,
+              help="Longest sequence the model accepts. [factory: 16; a run: its context]")
 @click.option("--seeds", type=click.IntRange(min=1), default=5, show_default=True, help="Random seeds per check.")
 @click.option("--no-empty-rows", is_flag=True, help="The model does not accept a row made only of padding.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-def check(spec: str, kind: str, pad_id: int | None, vocab_size: int, max_length: int, seeds: int,
+def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, max_length: int | None, seeds: int,
           no_empty_rows: bool, as_json: bool) -> None:
-    """Run behavioural checks on the model that SPEC's factory builds.
+    """Run behavioural checks on the model that SPEC names.
 
-    SPEC is path/to/file.py:factory or package.module:factory (looked up from the current directory
-    too); the factory takes no arguments. Exit status 1 when a check fails, 0 otherwise, 2 when the
-    model cannot be loaded. Python warnings come once each, as 'warning:' lines on stderr after the report.
+    SPEC is a run folder written by `attnlab train` (its kind, padding id, vocabulary and context are the
+    defaults), or path/to/file.py:factory or package.module:factory (looked up from the current directory
+    too), a factory taking no arguments. Exit status 1 when a check fails, 0 otherwise, 2 when the model
+    cannot be loaded. Python warnings come once each, as 'warning:' lines on stderr after the report.
     """
+    run = Path(spec) if ":" not in spec or Path(spec).is_dir() else None
+    if run is not None and not (run / CONFIG).is_file():
+        if not run.exists():
+            raise AttnlabError(f"SPEC {spec!r} is neither a run folder nor path/to/file.py:factory or "
+                               "package.module:factory")
+        if run.suffix == ".py":
+            raise AttnlabError(f"SPEC {spec!r} names a file but no factory: write {spec}:factory")
+        raise AttnlabError(f"{run} is not an attnlab run folder (no {CONFIG})")
+    defaults = run_contract(read_run_config(run)) if run is not None else {"kind": None, **FACTORY_DEFAULTS}
+    kind = kind or defaults["kind"]
+    if kind is None:
+        raise click.UsageError(f"Missing option '--kind' (choose from {', '.join(KINDS)}): a factory SPEC does not "
+                               "say what kind of model it builds")
+    pad_id = defaults["pad_id"] if pad_id is _UNSET else pad_id
+    vocab_size = vocab_size or defaults["vocab_size"]
+    max_length = max_length or defaults["max_length"]
     if pad_id is not None and not 0 <= pad_id < vocab_size:
         raise click.BadParameter(f"{pad_id} is outside the vocabulary 0..{vocab_size - 1} (--vocab-size {vocab_size})",
                                  param_hint="'--pad-id'")
@@ -71,7 +112,7 @@ def check(spec: str, kind: str, pad_id: int | None, vocab_size: int, max_length:
         # per place, and we want to know each one was seen; the user's own filters still come first.
         warnings.simplefilter("always")
         with contextlib.redirect_stdout(sys.stderr):  # the model's own prints must not mix into the report
-            model = load_model(spec)
+            model = load_run(run)[0] if run is not None else load_model(spec)
             report = run_checks(model, contract, seeds=seeds, spec=spec)
     if as_json:
         click.echo(json.dumps(report.as_dict(), allow_nan=False))
