@@ -64,6 +64,17 @@ def test_greedy_generation_continues_the_text(run):
     assert "60 tokens in" in result.stderr and "KV cache" in result.stderr
 
 
+def test_several_samples_are_separated_and_sample_i_uses_seed_s_plus_i(run):
+    folder, _ = run
+    args = ("generate", folder, "--prompt", "the ", "--max-new-tokens", 30)
+    three = invoke(*args, "--seed", 1, "--num-samples", 3)
+    assert three.exit_code == 0, three.output
+    samples = three.stdout.split("---------------\n")
+    assert len(samples) == 3 and all(s.startswith("the ") for s in samples)
+    assert samples[0] == invoke(*args, "--seed", 1).stdout and samples[2] == invoke(*args, "--seed", 3).stdout
+    assert three.stderr.count("tokens/s") == 3
+
+
 def test_sampled_generation_is_reproducible_with_a_seed(run):
     folder, _ = run
     args = ("generate", folder, "--prompt", "dog", "--max-new-tokens", 40, "--temperature", "3", "--top-k", 8)

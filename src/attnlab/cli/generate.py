@@ -10,8 +10,9 @@ import click
 
 from attnlab.cli import SEED, omp_passive  # noqa: F401  (omp_passive: before torch is imported)
 from attnlab.cli.params import PathParam
-from attnlab.data.tokenizers import UNK_ID, CharTokenizer, load_tokenizer
+from attnlab.data.tokenizers import UNK_ID, CharTokenizer, Tokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
+from attnlab.nn.models import DecoderLM
 from attnlab.tasks.lm import TASK_NAME, TOKENIZER_FILE, torch_threads
 from attnlab.tasks.sampling import check_sampling, generate
 from attnlab.training.checkpoint import load_run
@@ -25,13 +26,16 @@ from attnlab.training.checkpoint import load_run
 @click.option("--top-k", type=int, default=None, help="Sample among the K most likely tokens only.")
 @click.option("--top-p", type=float, default=None, help="Sample among the most likely tokens holding P of the mass.")
 @click.option("--seed", type=SEED, default=None, help="Seed of the sampling; the same seed gives the same text.")
+@click.option("--num-samples", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Samples to write, one after another with a separator line; sample i uses seed S + i.")
 @click.option("--greedy", is_flag=True, help="Always take the most likely token (ignores temperature, top-k, top-p).")
 @click.option("--no-cache", is_flag=True, help="Recompute the whole window every step instead of using the KV cache.")
 @click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,
               help="torch threads (0: one per core). A cached step computes one position, too little to share: "
                    "one thread was 10-15% faster than two on 2 cores.")
 def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None,
-                 top_p: float | None, seed: int | None, greedy: bool, no_cache: bool, threads: int) -> None:
+                 top_p: float | None, seed: int | None, num_samples: int, greedy: bool, no_cache: bool,
+                 threads: int) -> None:
     """Continue PROMPT with the language model in RUN (a folder written by `attnlab train lm`).
 
     The prompt is printed, then each token as soon as it is chosen; a line on stderr gives the rate.
@@ -44,21 +48,30 @@ def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float
     if not greedy:
         check_sampling(temperature, top_k, top_p)
     with torch_threads(threads):
-        _generate(run, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                  greedy=greedy, use_cache=not no_cache)
+        model, _ = load_run(run, task=TASK_NAME)
+        tokenizer = load_tokenizer(run / TOKENIZER_FILE)
+        prompt_ids = tokenizer.encode(prompt)
+        if not prompt_ids:
+            raise AttnlabError(f"--prompt {prompt!r} encodes to no tokens; give some text the model knows")
+        unknown = prompt_ids.count(UNK_ID)  # only a subword vocabulary lets one through (the char one refuses it)
+        if unknown:
+            click.echo(f"note: {unknown} piece{'s' if unknown != 1 else ''} of the prompt "
+                       f"{'are' if unknown != 1 else 'is'} not in the vocabulary; the model reads <unk> there", err=True)
+        for sample in range(num_samples):
+            if sample:
+                click.echo(SEPARATOR)
+            _generate(model, tokenizer, prompt, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k,
+                      top_p=top_p, seed=None if seed is None else seed + sample, greedy=greedy, use_cache=not no_cache)
 
 
-def _generate(run: Path, prompt: str, max_new_tokens: int, *, temperature: float, top_k: int | None,
-              top_p: float | None, seed: int | None, greedy: bool, use_cache: bool) -> None:
-    model, _ = load_run(run, task=TASK_NAME)
-    tokenizer = load_tokenizer(run / TOKENIZER_FILE)
-    prompt_ids = tokenizer.encode(prompt)
-    if not prompt_ids:
-        raise AttnlabError(f"--prompt {prompt!r} encodes to no tokens; give some text the model knows")
-    unknown = prompt_ids.count(UNK_ID)  # only a subword vocabulary lets one through (the char one refuses it)
-    if unknown:
-        click.echo(f"note: {unknown} piece{'s' if unknown != 1 else ''} of the prompt {'are' if unknown != 1 else 'is'} "
-                   "not in the vocabulary; the model reads <unk> there", err=True)
+#: Printed between two samples (nanoGPT's sample.py writes the same line).
+SEPARATOR = "---------------"
+
+
+def _generate(model: DecoderLM, tokenizer: Tokenizer, prompt: str, prompt_ids: list[int], max_new_tokens: int, *,
+              temperature: float, top_k: int | None, top_p: float | None, seed: int | None, greedy: bool,
+              use_cache: bool) -> None:
+    """Write the prompt and then each new token as it comes; the rate goes to stderr."""
     out = sys.stdout
     out.write(prompt)
     out.flush()
