@@ -201,6 +201,11 @@ def test_the_glove_section_quotes_the_seeds_100d_figures_beside_its_own(small_ru
     _, numbers, out = small_run
     glove = re.search(r'<section id="glove">.*?</section>', (out / "index.html").read_text(), re.S).group(0)
     assert numbers["glove"]["dim"] != 100 and "seed 000, d = 100" in glove
+    rw, disparity = numbers["glove"]["red_wolf"], numbers["glove"]["disparity"]  # the page's two checks, recomputed
+    far, near = rw["sentence0"], rw["sentence1"]
+    assert numbers["glove"]["red_wolf_pattern_holds"] == (abs(far["semantic"] - near["semantic"]) < 1e-9 and (
+        far["with_position"] - far["semantic"] > near["with_position"] - near["semantic"]))
+    assert numbers["glove"]["disparity_ordered"] == (disparity["1:10"] > disparity["1:1"] > disparity["10:1"])
     for figure in ("5.599 / 7.374", "5.599 / 5.674", "0.990159", "0.428852", "0.000378"):
         assert figure in glove, figure
 

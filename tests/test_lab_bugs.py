@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from attnlab.lab import STEPS, run_lab
-from attnlab.lab.model_checks import encoder_layer_demo
 from attnlab.lab.silent_bugs import bugs_section
 from test_lab import DIM, small_vectors, write_glove
 
@@ -69,8 +68,6 @@ def test_rank_change_and_refusal(section):
 def test_training_flag(section):
     n = section.numbers["training_flag"]
     assert n["train_max_difference"] > 0 and n["eval_identical"]
-    # One measurement, one number: the figure is the one "The model" section shows for the same layer.
-    assert n["train_max_difference"] == encoder_layer_demo()[0]["train_max_difference"]
     assert n["mode_check_dropout_at_eval"] == "fail"
     evidence = n["mode_check_evidence"]  # the page quotes "by up to ..." from here
     assert evidence["max_diff"] > evidence["bound"] and f"{evidence['max_diff']:.2f}" in n["mode_check_summary"]

@@ -73,7 +73,6 @@ def test_heatmaps_name_what_their_colours_mean(monkeypatch):
     assert colour_bars == ["PE value", "dot", "distance", "attention weight"]
 
 
-
 def test_seed003s_hide_masks_convert_to_the_cores_cell_for_cell():
     seed003 = masks_section().numbers["seed003"]
     assert seed003["padding_mask"] == [0, 0, 0, 0, 1, 1, 1]  # the seed's printed padding_mask([1, 2, 3, 4, 0, 0, 0])

@@ -300,10 +300,28 @@ def test_a_time_budget_can_be_raised_on_resume_and_an_ended_run_says_why_it_cann
     assert "ignored" not in longer.stderr and "the run's saved settings" in longer.stdout
     last = longer.stdout.strip().splitlines()[-1]
     assert "of this resume (80 steps)" in last
+    # The budget stopped the first start before it logged; the resume's windows are at 50 (its first) and 80.
+    assert "steady (the one logged window after the first)" in longer.stdout
     assert json.loads((timed / "config.json").read_text())["lm"]["max_seconds"] == 0
     # The same 80 steps as the uninterrupted run: the budget decided where it stopped, not what it computed.
     assert json.loads((timed / "result.json").read_text())["val_loss"] == pytest.approx(
         json.loads((run[0] / "result.json").read_text())["val_loss"], abs=1e-5)
+
+
+def test_the_steady_rate_leaves_out_the_first_window_of_every_start(tmp_path):
+    from attnlab.tasks.lm_train import steady_rate
+
+    metrics = tmp_path / "metrics.jsonl"
+    records = [{"step": 10, "tokens_per_second": 50.0, "first_window": True}, {"step": 20, "tokens_per_second": 200.0},
+               {"step": 20, "eval": {"loss": 1.0}}, {"step": 30, "tokens_per_second": 300.0},
+               {"step": 40, "tokens_per_second": 60.0, "first_window": True},  # a resume's start-up
+               {"step": 50, "tokens_per_second": 400.0}]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert steady_rate(metrics, 1.0) == (300.0, "median of the 3 logged windows after the first of each of the "
+                                                "run's 2 starts")
+    metrics.write_text(json.dumps(records[0]) + "\n")
+    assert steady_rate(metrics, 1.0) == (50.0, "the only logged window, start-up and compilation included")
+    assert steady_rate(tmp_path / "none.jsonl", 7.0) == (7.0, "no window logged: the overall rate")
 
 
 def test_generate_into_a_closed_pipe_stops_quietly(run):
@@ -312,8 +330,10 @@ def test_generate_into_a_closed_pipe_stops_quietly(run):
     import sys
 
     proc = subprocess.Popen([sys.executable, "-m", "attnlab.cli.main", "generate", str(run[0]), "--prompt", "the",
-                             "--max-new-tokens", "3000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout.read(3) == b"the"  # the prompt comes first; then the reader leaves, as `| head -c 3` does
+                             "--max-new-tokens", "1000000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # The prompt comes first; then the reader leaves, as `| head -c 3` does, long before a million tokens (far
+    # more than a pipe buffers) are written.
+    assert proc.stdout.read(3) == b"the"
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 128 + signal.SIGPIPE
@@ -334,12 +354,22 @@ def test_notes_name_settings_that_do_not_do_what_they_say_and_follow_the_texts_c
     assert re.search(r"note: the text gives a BPE vocabulary of \d+ ids, fewer than the 100000 asked for", bpe.stderr)
 
 
-def test_checkpoint_every_reaches_the_engine_and_the_runs_config(tmp_path):
-    assert LM_PRESETS["shakespeare-fast"].with_overrides(checkpoint_every=25).train_config().checkpoint_every == 25
+def test_checkpoint_every_writes_checkpoints_between_evaluations(tmp_path, monkeypatch):
+    from attnlab.training import engine
+
+    saved_at = []
+    real = engine.save_checkpoint
+
+    def spy(run_dir, model, optimizer, trainer_state, **kwargs):
+        saved_at.append(trainer_state["step"])
+        return real(run_dir, model, optimizer, trainer_state, **kwargs)
+
+    monkeypatch.setattr(engine, "save_checkpoint", spy)
     text = tmp_path / "fox.txt"
     text.write_text(TEXT, encoding="utf-8")
-    tiny = [*TINY, "--eval-every", "0", "--checkpoint-every", "30", "--max-seconds", "1e-9"]
+    tiny = [*TINY, "--eval-every", "0", "--checkpoint-every", "30"]  # evaluated only at the end, step 80
     assert invoke("train", "lm", "--text", text, "--out", tmp_path / "run", *tiny).exit_code == 0
+    assert saved_at == [30, 60, 80]
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["lm"]["checkpoint_every"] == 30 and config["train"]["checkpoint_every"] == 30
 
@@ -358,8 +388,22 @@ def test_check_takes_a_run_folder_and_reads_its_contract_from_it(run, tmp_path):
     (tmp_path / "model.py").write_text("def f():\n    return None\n")
     for spec, message in ((tmp_path / "nope", "is neither a run folder nor path/to/file.py:factory"),
                           (tmp_path / "model.py", "names a file but no factory"),
-                          (run[0].parent / "fox.txt", "is not an attnlab run folder (no config.json)")):
+                          (run[0].parent / "fox.txt", "is a file, not a run folder or path/to/file.py:factory"),
+                          (tmp_path, "is not an attnlab run folder (no config.json)")):
         result = invoke("check", spec)
         assert result.exit_code == 2 and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
     factory = invoke("check", f"{tmp_path / 'model.py'}:f")
     assert factory.exit_code == 2 and "Missing option '--kind'" in factory.stderr
+    empty = invoke("check", "")
+    assert empty.exit_code == 2 and "the name is empty" in empty.stderr
+    # A hand-edited config.json that does not describe the model is one line too, not a traceback.
+    import shutil
+
+    edited = tmp_path / "edited"
+    shutil.copytree(run[0], edited)
+    config = json.loads((edited / "config.json").read_text())
+    del config["model"]["kwargs"]["max_positions"]
+    (edited / "config.json").write_text(json.dumps(config))
+    broken = invoke("check", edited)
+    assert broken.exit_code == 2 and broken.stderr.count("\n") == 1
+    assert "does not give the model's vocabulary and length (KeyError" in broken.stderr

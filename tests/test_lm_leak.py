@@ -182,14 +182,14 @@ def test_leak_refuses_an_out_holding_an_experiment_or_part_of_one_and_changes_no
     assert _snapshot(partial) == before
 
 
-def test_a_budget_shorter_than_the_warmup_warms_up_for_a_tenth_and_the_title_follows_the_verdict(tmp_path):
+def test_a_short_budget_warms_up_for_a_tenth_and_the_title_follows_the_verdict(tmp_path):
     text = tmp_path / "abc.txt"
     text.write_text("abc" * 400)
     result = CliRunner().invoke(cli, ["experiment", "leak", "--text", str(text), "--out", str(tmp_path / "leak"),
-                                      "--steps", "3", "--sample-tokens", "3"])
+                                      "--steps", "15", "--sample-tokens", "3"])
     assert result.exit_code == 0, result.output
     assert "note: --warmup" not in result.stderr  # experiment leak has no --warmup to blame
-    assert json.loads((tmp_path / "leak" / "causal" / "config.json").read_text())["lm"]["warmup"] == 0
+    assert json.loads((tmp_path / "leak" / "causal" / "config.json").read_text())["lm"]["warmup"] == 1  # 15 // 10
     flat = " ".join(result.output.split())
     verdict = re.search(r"verdict: (.*?) plot:", flat).group(1)
     told = "teacher-forced loss says it is better" in flat

@@ -14,6 +14,7 @@ import json
 import sys
 import warnings
 from collections.abc import Iterable
+from dataclasses import fields
 from pathlib import Path
 
 import click
@@ -24,11 +25,23 @@ from attnlab.checks.runner import run_checks
 from attnlab.errors import AttnlabError
 from attnlab.training.checkpoint import CONFIG, load_run, read_run_config
 
-#: A run folder's task -> the kind of model it holds.
-RUN_KINDS = {"lm": "decoder", "lm-leak": "decoder", "classify": "encoder", "translate": "seq2seq"}
-#: The contract of a factory SPEC when no option says otherwise.
-FACTORY_DEFAULTS = {"pad_id": 0, "vocab_size": 32, "max_length": 16}
 _UNSET = object()  # an option left out (None is a value of --pad-id)
+
+
+def _run_kinds() -> dict[str, str]:
+    """A run folder's task -> the kind of model it holds (imported when a run is checked, not for --help)."""
+    from attnlab.tasks.classify import TASK_NAME as CLASSIFY
+    from attnlab.tasks.leak import LEAKY_TASK_NAME
+    from attnlab.tasks.lm import TASK_NAME as LM
+    from attnlab.tasks.translate import TASK as TRANSLATE
+
+    return {LM: "decoder", LEAKY_TASK_NAME: "decoder", CLASSIFY: "encoder", TRANSLATE: "seq2seq"}
+
+
+def _factory_defaults() -> dict[str, object]:
+    """The contract of a factory SPEC when no option says otherwise: :class:`Contract`'s own defaults."""
+    defaults = {f.name: f.default for f in fields(Contract)}
+    return {"kind": None, **{k: defaults[k] for k in ("pad_id", "vocab_size", "max_length")}}
 
 
 def _pad_id(ctx: click.Context, param: click.Parameter, value: str | None) -> object:
@@ -56,18 +69,24 @@ def run_contract(config: dict) -> dict:
 
     For a translation model the smaller of the two vocabularies and of the two position tables.
     """
-    task, kwargs = config.get("task"), config["model"]["kwargs"]
-    if task not in RUN_KINDS:
+    kinds = _run_kinds()
+    task = config.get("task")
+    if task not in kinds:
         raise AttnlabError(f"a {task!r} run is not one attnlab check knows how to call; use a factory SPEC")
-    vocab = kwargs.get("vocab_size") or min(kwargs["src_vocab_size"], kwargs["tgt_vocab_size"])
-    length = kwargs.get("max_positions") or min(kwargs["max_src_positions"], kwargs["max_tgt_positions"])
-    return {"kind": RUN_KINDS[task], "pad_id": kwargs.get("pad_id"), "vocab_size": vocab, "max_length": length}
+    try:
+        kwargs = config["model"]["kwargs"]
+        vocab = kwargs.get("vocab_size") or min(kwargs["src_vocab_size"], kwargs["tgt_vocab_size"])
+        length = kwargs.get("max_positions") or min(kwargs["max_src_positions"], kwargs["max_tgt_positions"])
+    except (KeyError, TypeError, AttributeError) as err:  # a config.json edited by hand, or from elsewhere
+        raise AttnlabError(f"the run's {CONFIG} does not give the model's vocabulary and length "
+                           f"({type(err).__name__}: {err})") from err
+    return {"kind": kinds[task], "pad_id": kwargs.get("pad_id"), "vocab_size": vocab, "max_length": length}
 
 
 @click.command()
 @click.argument("spec")
 @click.option("--kind", type=click.Choice(KINDS), default=None,
-              help="encoder/decoder: model(ids); seq2seq: model(src, tgt). [a run: its task's]")
+              help="encoder/decoder: model(ids); seq2seq: model(src, tgt). [factory: required; a run: its task's]")
 @click.option("--pad-id", default=None, callback=_pad_id,
               help="Padding id (right padding), or 'none' for a model without padding. [factory: 0; a run: its own]")
 @click.option("--vocab-size", type=click.IntRange(min=MIN_VOCAB_SIZE, max=MAX_VOCAB_SIZE), default=None,
@@ -86,6 +105,9 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
     too), a factory taking no arguments. Exit status 1 when a check fails, 0 otherwise, 2 when the model
     cannot be loaded. Python warnings come once each, as 'warning:' lines on stderr after the report.
     """
+    if not spec.strip():  # Path("") is the current folder
+        raise click.BadParameter("the name is empty; give a run folder or path/to/file.py:factory",
+                                 param_hint="'SPEC'")
     run = Path(spec) if ":" not in spec or Path(spec).is_dir() else None
     if run is not None and not (run / CONFIG).is_file():
         if not run.exists():
@@ -93,8 +115,10 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
                                "package.module:factory")
         if run.suffix == ".py":
             raise AttnlabError(f"SPEC {spec!r} names a file but no factory: write {spec}:factory")
+        if run.is_file():
+            raise AttnlabError(f"SPEC {spec!r} is a file, not a run folder or path/to/file.py:factory")
         raise AttnlabError(f"{run} is not an attnlab run folder (no {CONFIG})")
-    defaults = run_contract(read_run_config(run)) if run is not None else {"kind": None, **FACTORY_DEFAULTS}
+    defaults = run_contract(read_run_config(run)) if run is not None else _factory_defaults()
     kind = kind or defaults["kind"]
     if kind is None:
         raise click.UsageError(f"Missing option '--kind' (choose from {', '.join(KINDS)}): a factory SPEC does not "

@@ -43,8 +43,8 @@ def leak(text: Path, out: Path, steps: int | None, sample_tokens: int, progress:
     from attnlab.tasks.leak import LEAK_SETTINGS, run_leak_experiment, summary
 
     settings = LEAK_SETTINGS.with_overrides(steps=steps)
-    if settings.warmup >= settings.steps:  # a short budget: warm up for a tenth of it, as --steps cannot say
-        settings = settings.with_overrides(warmup=settings.steps // 10)
+    # No --warmup here: a budget shorter than ten warmups warms up for a tenth of it.
+    settings = settings.with_overrides(warmup=min(settings.warmup, settings.steps // 10))
     console = Console()
 
     def banner(_data: object) -> None:  # only once every check has passed

@@ -72,12 +72,13 @@ def _generate(model: DecoderLM, tokenizer: Tokenizer, prompt: str, prompt_ids: l
               temperature: float, top_k: int | None, top_p: float | None, seed: int | None, greedy: bool,
               use_cache: bool) -> None:
     """Write the prompt and then each new token as it comes; the rate goes to stderr."""
+    started = time.perf_counter()
+    # Called before the prompt is printed: it refuses bad arguments when called, so a refusal prints nothing.
+    tokens = generate(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                      greedy=greedy, seed=seed, use_cache=use_cache, banned=[tokenizer.pad_id])
     out = sys.stdout
     out.write(prompt)
     out.flush()
-    started = time.perf_counter()
-    tokens = generate(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                      greedy=greedy, seed=seed, use_cache=use_cache, banned=[tokenizer.pad_id])
     count = 0
     if isinstance(tokenizer, CharTokenizer):
         for token in tokens:  # one character per token: decode it alone

@@ -9,7 +9,9 @@ stderr, ``error: ...``, and exit status 2; never a stack trace.
 from __future__ import annotations
 
 import os
+import select
 import signal
+import stat
 import sys
 from typing import Any
 
@@ -65,7 +67,10 @@ class _MainGroup(LazyGroup):
         except AttnlabError as err:
             click.echo(f"error: {err}", err=True)
             ctx.exit(2)
-        except BrokenPipeError:
+        except BrokenPipeError as err:
+            if not _stdout_reader_left():
+                click.echo(f"error: {err.strerror or err}", err=True)
+                ctx.exit(2)
             # The reader left (`attnlab generate ... | head`): stop quietly as other command-line tools do, with
             # SIGPIPE's status; stdout goes to /dev/null so that Python's own flush at exit fails no more.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -74,6 +79,19 @@ class _MainGroup(LazyGroup):
             where = f": {err.filename}" if getattr(err, "filename", None) else ""
             click.echo(f"error: {err.strerror or err}{where}", err=True)
             ctx.exit(2)
+
+
+def _stdout_reader_left() -> bool:
+    """Whether standard output is a pipe whose reading end has been closed (poll reports an error on it)."""
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test's capture), or no poll (Windows)
+        return False
 
 
 @click.group(cls=_MainGroup, lazy_commands=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})

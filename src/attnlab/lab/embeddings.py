@@ -22,8 +22,9 @@ from sklearn.decomposition import PCA
 
 from attnlab.errors import AttnlabError
 from attnlab.lab import figures
+from attnlab.lab.encoding import SEED_WIDTH
 from attnlab.lab.glove import WordVectors
-from attnlab.lab.html import Section, code, esc, figure, fmt, heading, para, table
+from attnlab.lab.html import Section, check, code, esc, figure, fmt, heading, para, table
 from attnlab.lab.sentences import GROUPS, SENTENCES
 from attnlab.nn import sinusoidal_encoding
 
@@ -36,7 +37,6 @@ PAIR = ("red", "wolf")
 #: Seed 000's printed figures, from its 100-wide GloVe vectors (quoted beside this page's own).
 SEED_RED_WOLF = {0: (5.599, 7.374), 1: (5.599, 5.674)}
 SEED_DISPARITY = {"1:10": 0.990159, "1:1": 0.428852, "10:1": 0.000378}
-SEED_GLOVE_WIDTH = 100
 
 
 def build_vocabulary(texts: tuple[str, ...] = SENTENCES) -> tuple[dict[str, int], list[list[int]], dict[str, int]]:
@@ -168,16 +168,19 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
     body += heading("Red and wolf")
     body += para("Two unrelated words, three tokens apart in sentence 0 and adjacent in sentence 1:")
     body += table(["", "apart", f"distance, semantic only (d = {d})", f"distance, with position (d = {d})",
-                   f"seed 000, d = {SEED_GLOVE_WIDTH}: semantic / with position"], rows)
-    body += para("The semantic distance is the same in both sentences; position pulls the far-apart pair further",
-                 "apart than the adjacent one. That difference is the order information.")
-    if d != SEED_GLOVE_WIDTH:
-        body += para(f"The seed's own figures come from its {SEED_GLOVE_WIDTH}-wide vectors, so they differ from",
+                   f"seed 000, d = {SEED_WIDTH}: semantic / with position"], rows)
+    far, near = red_wolf["sentence0"], red_wolf["sentence1"]
+    pattern = (abs(far["semantic"] - near["semantic"]) < 1e-9
+               and far["with_position"] - far["semantic"] > near["with_position"] - near["semantic"])
+    body += check(pattern, "the semantic distance is the same in both sentences, and position adds more to the pair "
+                           "that stands further apart: that difference is the order information")
+    if d != SEED_WIDTH:
+        body += para(f"The seed's own figures come from its {SEED_WIDTH}-wide vectors, so they differ from",
                      f"this page's {d}-wide ones: other vectors give another semantic distance, and the encoding's",
                      "share of the sum is set by the two norms (the encoding's is sqrt(d/2), a word vector's is",
-                     "whatever GloVe learned). The pattern is what carries over: equal semantic distances, and",
-                     "position adding more to the pair that stands further apart. With",
-                     f"<code>--glove glove.6B.{SEED_GLOVE_WIDTH}d.txt</code> the page computes at the seed's width.")
+                     "whatever GloVe learned). What must carry over is the pattern, which the seed's figures show",
+                     f"too{' and the check above finds here' if pattern else ' but this page does not'}. With",
+                     f"<code>--glove glove.6B.{SEED_WIDTH}d.txt</code> the page computes at the seed's width.")
 
     sqrt_d = math.sqrt(d)
     weightings = [*WEIGHTINGS, (sqrt_d, 1.0, "sqrt_d:1", f"sqrt(d) = {sqrt_d:.2f}, the encoder's ratio")]
@@ -197,17 +200,19 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
         raise AttnlabError(f"cannot compare the layouts ({err}); does the GloVe file hold the sentences' words?") from err
     body += para("Procrustes disparity of each layout from the semantic-only one (0 = same shape after rotation,",
                  "scaling and shifting; 1 = no relation):")
-    body += table(["W1:W2", f"disparity, d = {d}", f"seed 000, d = {SEED_GLOVE_WIDTH}"],
+    body += table(["W1:W2", f"disparity, d = {d}", f"seed 000, d = {SEED_WIDTH}"],
                   [(_shown(key), f"{disparity[key]:.6f}", f"{SEED_DISPARITY[key]:.6f}" if key in SEED_DISPARITY else "")
                    for _, _, key, _ in weightings])
     body += para("It compares two 2-D projections of eleven words, so it is a demonstration, not a general law:",
                  "at the encoder's own ratio this arrangement survives almost unchanged. It is the sum of squared",
                  "distances left after the best fit, both layouts standardised first, not a percentage of structure",
                  "lost: 0.5 does not mean half the arrangement is gone.")
-    if d != SEED_GLOVE_WIDTH:
-        body += para(f"The seed's disparities, from {SEED_GLOVE_WIDTH}-wide vectors, fall in the same order, from",
-                     "near 1 with position dominating to near 0 with meaning dominating. The equal-weight value",
-                     "is the one that depends on the width: it is set by how large the word vectors are next to the",
+    ordered = disparity["1:10"] > disparity["1:1"] > disparity["10:1"]
+    body += check(ordered, "the more weight meaning gets, the closer the layout stays to the semantic one "
+                           "(1:10 > 1:1 > 10:1), as in the seed")
+    if d != SEED_WIDTH:
+        body += para(f"The seed's disparities come from {SEED_WIDTH}-wide vectors. The equal-weight value is the one",
+                     "that depends most on the width: it is set by how large the word vectors are next to the",
                      "encoding, and both sizes change with d.")
 
     numbers = {
@@ -220,7 +225,9 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
         "embedding_matrix_shape": list(matrix.shape),
         "missing_words": missing,
         "red_wolf": red_wolf,
+        "red_wolf_pattern_holds": pattern,
         "disparity": disparity,
+        "disparity_ordered": ordered,
         "layouts": {"semantic": [lay.tolist() for lay in semantic], "with_position": [lay.tolist() for lay in with_pos]},
     }
     highlights = [("GloVe source", vectors.source)]

@@ -248,6 +248,7 @@ def _positions(n: dict) -> str:
             + table(["query at", *map(str, starts)],
                     [["rotary score", *(f"{v:.6f}" for v in rot)],
                      ["score with sinusoidal vectors added", *(f"{v:.6f}" for v in add)]])
+            + check(bool(refusal), f"a position past the table's {ROUTER['max_positions']} rows is refused")
             + check(max(rot) - min(rot) < 1e-5 < max(add) - min(add),
                     "rotary: the same score wherever the pair sits; added positions: it changes with the place"))
 

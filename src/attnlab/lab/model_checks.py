@@ -20,8 +20,8 @@ from attnlab.presets import MODEL_PRESETS, build_preset
 SEED = 10  # the seed's keras.utils.set_random_seed(10)
 SOURCE = [[2, 1, 4, 3, 0]]  # the trailing 0 is padding
 TARGET = [[3, 2, 1, 0, 0]]
-STACK_IDS = [[2, 1, 4, 3, 0], [2, 3, 4, 0, 0]]
-SEED_DROPOUT_DIFFERENCE = 0.2646  # seed 000's "largest difference between the two training calls" (Keras weights)  # seed 000's encoder-stack input: (2, 5) with padding
+STACK_IDS = [[2, 1, 4, 3, 0], [2, 3, 4, 0, 0]]  # seed 000's encoder-stack input: (2, 5) with padding
+SEED_DROPOUT_DIFFERENCE = 0.2646  # seed 000's "largest difference between the two training calls" (Keras weights)
 
 
 def encoder_layer_demo() -> tuple[dict, str]:

@@ -22,12 +22,15 @@ from attnlab.summary import summarize, total_parameters
 D_MODEL, HEADS, D_FF = 512, 8, 2048
 D_K = 64  # seed 003's d_k = d_v: the width of all heads together
 
-#: Seed 003's printed summaries: (row, parameters) in the order Keras lists them, and the printed totals.
-SEED_ENCODER_ROWS = [("multi_head_attention_18", 131_776), ("add_normalization_30", 1_024),
-                     ("feed_forward_12", 2_099_712), ("add_normalization_31", 1_024)]
-SEED_DECODER_ROWS = [("multi_head_attention_19", 131_776), ("add_normalization_32", 1_024),
-                     ("multi_head_attention_20", 131_776), ("feed_forward_13", 2_099_712),
-                     ("add_normalization_34", 1_024)]
+#: Seed 003's printed summaries: attnlab's sub-layer -> the Keras row (name, parameters) that does its job.
+SEED_ENCODER_ROWS = {"self_attn": ("multi_head_attention_18", 131_776),
+                     "attn_block.norm": ("add_normalization_30", 1_024),
+                     "ffn": ("feed_forward_12", 2_099_712), "ffn_block.norm": ("add_normalization_31", 1_024)}
+SEED_DECODER_ROWS = {"self_attn": ("multi_head_attention_19", 131_776),
+                     "self_block.norm": ("add_normalization_32", 1_024),
+                     "cross_attn": ("multi_head_attention_20", 131_776),
+                     # no row: the seed's graph applies add_normalization_32 here a second time
+                     "ffn": ("feed_forward_13", 2_099_712), "ffn_block.norm": ("add_normalization_34", 1_024)}
 SEED_ENCODER_TOTAL, SEED_DECODER_TOTAL = 2_233_536, 2_365_312
 SEED_MODEL_FLOOR = 27_000_000  # "our model has more 27 million parameters" (a reader's comment in seed 003)
 
@@ -37,16 +40,11 @@ def _rows(layer) -> list[tuple[str, int]]:
     return [(row.name, row.parameters) for row in summarize(layer, expand=True)]
 
 
-def _side_by_side(ours: list[tuple[str, int]], seed: list[tuple[str, int]]) -> list[tuple[str, str, str, str]]:
-    """Table rows pairing our sub-layers with the seed's printed ones (blank where one side has none)."""
-    seed_iter = iter(seed)
-    rows = []
-    for name, count in ours:
-        # The seed's decoder has no row for its second norm: the LayerNorm after cross-attention is missing.
-        missing = name == "cross_block.norm" and len(seed) < len(ours)
-        seed_name, seed_count = ("(none: the first norm is reused)", "") if missing else next(seed_iter)
-        rows.append((name, f"{count:,}", seed_name, f"{seed_count:,}" if seed_count != "" else ""))
-    return rows
+def _side_by_side(ours: list[tuple[str, int]], seed: dict[str, tuple[str, int]]) -> list[tuple[str, str, str, str]]:
+    """Table rows pairing our sub-layers with the seed's printed ones (a note where the seed has none)."""
+    missing = ("(none: the first norm is reused)", None)
+    return [(name, f"{count:,}", seed.get(name, missing)[0],
+             f"{seed[name][1]:,}" if name in seed else "") for name, count in ours]
 
 
 def parameters_section() -> Section:

@@ -20,9 +20,11 @@ from torch import nn
 
 from attnlab.checks import Contract, run_checks
 from attnlab.errors import AttnlabError
+from attnlab.lab.encoding import SEED_WIDTH
 from attnlab.lab.html import Section, check, code, esc, heading, para, table
 from attnlab.lab.masks_demo import KEEP, PADDED, K, Q, V
 from attnlab.lab.model_checks import SEED, SOURCE, TARGET, encoder_layer_demo
+from attnlab.lab.parameters import D_K, D_MODEL, HEADS
 from attnlab.nn import (
     MultiHeadAttention,
     Transformer,
@@ -204,20 +206,20 @@ def _training_flag(n: dict, model: Transformer) -> str:
 def _head_width(n: dict) -> str:
     def count(m: nn.Module) -> int:
         return sum(p.numel() for p in m.parameters())
-    # (head_dim = d as the seed's Keras key_dim, d / heads as the paper, d_k = 64 in all as seed 003)
+    # (head_dim = d as the seed's Keras key_dim, d / heads as the paper, d_k = 64 in all as seed 003's layers)
     rows = {f"d {d}, {h} heads": (count(MultiHeadAttention(d, h, head_dim=d)), count(MultiHeadAttention(d, h)),
-                                  count(MultiHeadAttention(d, h, head_dim=64 // h)) if d == 512 else None)
-            for d, h in ((4, 4), (512, 8))}
+                                  count(MultiHeadAttention(d, h, head_dim=D_K // h)) if d == D_MODEL else None)
+            for d, h in ((4, 4), (D_MODEL, HEADS))}
     toy = dict(MODEL_PRESETS["lab-toy"].kwargs, head_dim=None)
     rows["lab-toy model"] = (build_preset("lab-toy").num_parameters(), Transformer(**toy).num_parameters(), None)
-    n["head_width"] = {k: {"key_dim_embedding_dim": a, "per_head": b, **({"seed003_d_k_64": c} if c else {})}
-                       for k, (a, b, c) in rows.items()}
+    n["head_width"] = {k: {"key_dim_embedding_dim": a, "per_head": b,
+                           **({"seed003_d_k_64": c} if c is not None else {})} for k, (a, b, c) in rows.items()}
     return (heading("6. key_dim = embedding_dim: full-width heads")
             + para("Keras's key_dim is the width of one head. attnlab's head_dim is the same thing, default d / heads.",
                    "Parameters of one attention block (its four projections with biases), or of the whole model:")
             + table(["parameters of", "head_dim = d (seed 000)", "head_dim = d / heads (the paper)",
                      "d_k = 64 over all heads (seed 003)"],
-                    [(k, f"{a:,}", f"{b:,}", f"{c:,}" if c else "") for k, (a, b, c) in rows.items()])
+                    [(k, f"{a:,}", f"{b:,}", f"{c:,}" if c is not None else "") for k, (a, b, c) in rows.items()])
             + para("Full-width heads multiply the attention parameters by the number of heads; seed 003's 64 in all",
                    'divides them by it (<a href="#parameters">parameter summaries</a>).'))
 
@@ -238,7 +240,7 @@ def _multiply(n: dict) -> str:
 
 
 def _questions(n: dict, model: Transformer) -> str:
-    d = 100
+    d = SEED_WIDTH  # the seed's encoding width, whatever the page's word vectors are
     pe0 = sinusoidal_encoding(1, d)[0]
     rng = np.random.default_rng(SEED)
     e, p = rng.uniform(-0.05, 0.05, d), sinusoidal_encoding(3, d)[2].double().numpy()  # Keras-sized embedding
@@ -287,7 +289,7 @@ def bugs_section() -> Section:
     body = para("Each of these runs without an error in the seed's stack. The effects are computed below.")
     body += _positional_mask(n) + _cross_mask(n, model) + _broadcast(n) + _rank(n)
     body += _training_flag(n, model) + _head_width(n) + _multiply(n) + _questions(n, model)
-    paper = n["head_width"]["d 512, 8 heads"]
+    paper = n["head_width"][f"d {D_MODEL}, {HEADS} heads"]
     highlights = [
         ("(3,5) scores + (3,1,5) mask", f"{tuple(n['broadcast']['shape'])}, diagonal rows correct"),
         ("hidden key weight, multiplied / added", f"{n['multiply']['multiplied'][2]:.4f} / {n['multiply']['added'][2]}"),

@@ -34,6 +34,7 @@ from attnlab.tasks.lm import LMData, load_lm_data, random_windows, seeded_genera
 from attnlab.tasks.lm_train import LMSettings, train_language_model
 from attnlab.tasks.sampling import generate
 from attnlab.training.checkpoint import load_run, register_model
+from attnlab.training.engine import METRICS_FILE
 
 #: The short budget both models get (seconds each on two CPU cores). Rotary positions make "attend to the
 #: next position" the same pattern at every position, so the unmasked model finds the copy within this budget
@@ -41,6 +42,10 @@ from attnlab.training.checkpoint import load_run, register_model
 LEAK_SETTINGS = LMSettings(layers=2, heads=4, width=64, context=32, positions="rotary", batch_size=16, steps=300,
                            lr=3e-3, min_lr=3e-4, warmup=20, eval_every=0, eval_iters=20, final_eval_iters=50,
                            log_every=10, seed=0)
+
+
+#: The ``task`` of the leaky model's run folder: ``attnlab generate`` (which loads ``lm`` runs only) refuses it.
+LEAKY_TASK_NAME = "lm-leak"
 
 
 @register_model
@@ -140,7 +145,7 @@ def _plot(out_png: Path, rows: list[LeakRow], curves: dict[str, list[tuple[int, 
 
 def _training_curve(run: Path) -> list[tuple[int, float]]:
     points = []
-    for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+    for line in (run / METRICS_FILE).read_text(encoding="utf-8").splitlines():
         record = json.loads(line)
         if "loss" in record and "eval" not in record:
             points.append((record["step"], record["loss"]))
@@ -248,7 +253,7 @@ def run_leak_experiment(text: str | Path, out: str | Path, settings: LMSettings 
         run = out / name
         # Same settings, seed, initial weights and batches: the mask is the only difference.
         model, report = train_language_model(text, run, settings, progress=progress, model_class=cls,
-                                             task_name="lm" if cls is DecoderLM else "lm-leak", data=data,
+                                             task_name="lm" if cls is DecoderLM else LEAKY_TASK_NAME, data=data,
                                              measure_peak=False)
         curves[name] = _training_curve(run)
         check = run_checks(model, contract, seeds=5, spec=f"{out / 'check_models.py'}:{name}")

@@ -49,6 +49,7 @@ from attnlab.training import TrainConfig, seed_everything
 from attnlab.training.checkpoint import (
     CONFIG,
     WEIGHTS,
+    checkpoint_progress,
     has_checkpoint,
     ignored_on_resume,
     load_weights,
@@ -57,7 +58,7 @@ from attnlab.training.checkpoint import (
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
-from attnlab.training.engine import config_dict, run_training
+from attnlab.training.engine import LOSS_PLOT, METRICS_FILE, config_dict, run_training
 
 
 @dataclass(frozen=True)
@@ -195,25 +196,28 @@ class LMReport:
 
 
 def steady_rate(metrics_path: Path, overall: float) -> tuple[float, str]:
-    """Median tokens/s of the logged windows after the first (which holds start-up and compilation), and
-    how it was found, in words for the report.
+    """Median tokens/s of the logged windows but the first of each start (which holds start-up and
+    compilation: the engine marks it), and how it was found, in words for the report.
 
-    A run too short to log a second window has no steady rate: its one window stands in, or when it logged
+    A run that logged no other window has no steady rate: its first window stands in, or when it logged
     none (stopped by its time budget first) ``overall``, its tokens over its training time, so that no figure
     of the report is NaN; the words say so.
     """
-    rates = []
+    windows = []
     if metrics_path.exists():
         for line in metrics_path.read_text(encoding="utf-8").splitlines():
             record = json.loads(line)
             if "tokens_per_second" in record:
-                rates.append(record["tokens_per_second"])
-    if len(rates) > 2:
-        return statistics.median(rates[1:]), f"median of the {len(rates) - 1} logged windows after the first"
-    if len(rates) == 2:
-        return rates[1], "the one logged window after the first"
-    if rates:
-        return rates[0], "the only logged window, start-up and compilation included"
+                windows.append((record["tokens_per_second"], record.get("first_window", False)))
+    steady = [rate for rate, first in windows if not first]
+    starts = sum(first for _, first in windows)
+    after = "after the first" if starts <= 1 else f"after the first of each of the run's {starts} starts"
+    if len(steady) > 1:
+        return statistics.median(steady), f"median of the {len(steady)} logged windows {after}"
+    if steady:
+        return steady[0], f"the one logged window {after}"
+    if windows:
+        return windows[0][0], "the only logged window, start-up and compilation included"
     return overall, "no window logged: the overall rate"
 
 
@@ -221,6 +225,10 @@ def build_lm(settings: LMSettings, vocab_size: int, model_class: type[DecoderLM]
     """A freshly initialised model of ``settings`` (GPT-2's initialisation), seeded by ``settings.seed``."""
     seed_everything(settings.seed)
     return model_class(**settings.model_kwargs(vocab_size))
+
+
+#: The settings a ``--resume`` may change (the others are the run's own: its steps must repeat).
+RESUME_MAY_CHANGE = ("max_seconds", "checkpoint_every")
 
 
 def _notes(settings: LMSettings, data: LMData, requested: dict[str, Any]) -> list[str]:
@@ -238,14 +246,17 @@ def _notes(settings: LMSettings, data: LMData, requested: dict[str, Any]) -> lis
 
 
 def _refuse_finished(out: Path, settings: LMSettings) -> None:
-    """A resume of a run that has ended is refused with what ended it, instead of redoing its final evaluation."""
-    if not (out / RESULT_FILE).exists():
+    """A resume of a run that has ended is refused with what ended it, instead of redoing its final evaluation.
+
+    A run has ended when it wrote its report and its checkpoint had reached the last step or spent the time
+    budget; the checkpoint, not the report, says how far it got (a later resume may have gone further before
+    it was interrupted, leaving the report of the earlier stop).
+    """
+    if not (out / RESULT_FILE).exists() or not has_checkpoint(out):
         return
-    result = json.loads((out / RESULT_FILE).read_text(encoding="utf-8"))
-    steps, seconds = result["steps"], result["train_seconds"]
+    steps, seconds = checkpoint_progress(out)
     if steps >= settings.steps:
-        raise AttnlabError(f"{out} has finished its {steps} steps (final val loss {result['val_loss']:.4f}, "
-                           f"in {RESULT_FILE}); nothing to resume")
+        raise AttnlabError(f"{out} has finished its {steps} steps (its report is in {RESULT_FILE}); nothing to resume")
     if settings.max_seconds and seconds >= settings.max_seconds:
         raise AttnlabError(f"{out} stopped at its time budget, --max-seconds {settings.max_seconds:g}, after {steps} of "
                            f"{settings.steps} steps ({seconds:.1f} s); resume with a larger --max-seconds (0: no limit)")
@@ -253,7 +264,7 @@ def _refuse_finished(out: Path, settings: LMSettings) -> None:
 
 def _remove_unstarted_run(out: Path, existed: bool) -> None:
     """Remove the files a run writes before its first checkpoint; the folder too if the run created it."""
-    for name in (CONFIG, TOKENIZER_FILE, "metrics.jsonl", "loss.png"):
+    for name in (CONFIG, TOKENIZER_FILE, METRICS_FILE, LOSS_PLOT, WEIGHTS):  # weights: an evaluation came first
         (out / name).unlink(missing_ok=True)
     if not existed and not any(out.iterdir()):
         out.rmdir()
@@ -298,10 +309,9 @@ def train_language_model(
         saved = run_config["lm"]
         # (runs saved before ``bias`` was a setting had biases)
         settings = LMSettings(**{"bias": True, **saved, "betas": tuple(saved["betas"])})
-        # The time budget may change: it decides where the run stops, not what any of its steps compute.
-        budget = (requested or {}).get("max_seconds")
-        if budget is not None:
-            settings = replace(settings, max_seconds=budget)
+        # The time budget and the checkpoint interval may change: they decide where the run stops and what it
+        # saves on the way, not what any of its steps compute.
+        settings = replace(settings, **{k: v for k, v in (requested or {}).items() if k in RESUME_MAY_CHANGE})
         ignored = ignored_on_resume(requested or {}, asdict(settings))
         if ignored and is_main_process():
             print(ignored, file=sys.stderr)
@@ -366,7 +376,7 @@ def train_language_model(
         val_loss = evaluate_loss(model, data.val, context=settings.context, batch_size=settings.eval_batch_size,
                                  iters=settings.final_eval_iters, seed=settings.seed)
         wall = time.perf_counter() - started
-        steady, basis = steady_rate(out / "metrics.jsonl", result.tokens_per_second)
+        steady, basis = steady_rate(out / METRICS_FILE, result.tokens_per_second)
         report = LMReport(
             val_loss=val_loss, wall_seconds=wall, train_seconds=result.elapsed,
             tokens_per_second=result.tokens_per_second,

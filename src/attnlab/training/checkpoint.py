@@ -207,6 +207,16 @@ def has_checkpoint(run_dir: str | Path) -> bool:
     return (Path(run_dir) / CHECKPOINT / "trainer.json").is_file()
 
 
+def checkpoint_progress(run_dir: str | Path) -> tuple[int, float]:
+    """(step, training seconds) of ``RUN/checkpoint/``: how far the run had got when it was last saved."""
+    path = Path(run_dir) / CHECKPOINT / "trainer.json"
+    try:
+        trainer = json.loads(path.read_text(encoding="utf-8"))["trainer"]
+        return int(trainer["step"]), float(trainer["elapsed"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise AttnlabError(f"checkpoint in {path.parent} is damaged: {err}") from err
+
+
 def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,
                     averaged: nn.Module | None = None) -> dict[str, Any]:
     """Restore weights, optimizer, RNG and the averaged model from ``RUN/checkpoint/``; return the counters."""

@@ -50,6 +50,9 @@ from attnlab.training.checkpoint import (
 )
 from attnlab.training.schedules import Schedule
 
+#: What the engine writes into a run folder beside the checkpoint and the best weights.
+METRICS_FILE, LOSS_PLOT = "metrics.jsonl", "loss.png"
+
 
 class TrainingError(AttnlabError):
     """Training cannot go on (a NaN loss, say); the message says what was kept."""
@@ -223,7 +226,7 @@ class Trainer:
 
     @property
     def metrics_path(self) -> Path:
-        return self.out / "metrics.jsonl"
+        return self.out / METRICS_FILE
 
     def _log(self, record: dict[str, Any]) -> None:
         if self.place.is_main:
@@ -361,6 +364,7 @@ class Trainer:
         stopped_early = False
         started = time.perf_counter() - self.state["elapsed"]
         window_start, window_tokens = time.perf_counter(), 0
+        first_window = True  # holds this start's warm-up (and compilation): rates leave it out
         try:
             # (a resumed run that had spent its time budget takes no further step)
             while self.state["step"] < cfg.max_steps and not (cfg.max_seconds and self.state["elapsed"] >= cfg.max_seconds):
@@ -378,7 +382,8 @@ class Trainer:
                     window_start, window_tokens = now, 0
                     lr = self.schedule(step - 1)
                     self._log({"step": step, "loss": loss, "lr": lr, "tokens_per_second": rate,
-                               "elapsed": self.state["elapsed"]})
+                               "elapsed": self.state["elapsed"], **({"first_window": True} if first_window else {})})
+                    first_window = False
                     if bar is not None:
                         bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{rate:,.0f}")
                 if bar is not None:
@@ -400,7 +405,7 @@ class Trainer:
         if self.place.is_main:
             from attnlab.training.plots import plot_loss_curve
 
-            plot_loss_curve(self.metrics_path, self.out / "loss.png")
+            plot_loss_curve(self.metrics_path, self.out / LOSS_PLOT)
         distributed.barrier(self.place)
         elapsed = self.state["elapsed"]
         return TrainResult(
