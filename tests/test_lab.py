@@ -10,14 +10,12 @@ import os
 import re
 from pathlib import Path
 
-import click
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from scipy.spatial import procrustes
 
 from attnlab.cli.main import cli
-from attnlab.cli.params import PathParam
 from attnlab.errors import AttnlabError
 from attnlab.lab import run_lab
 from attnlab.lab.glove import load_text, width_from_name
@@ -398,18 +396,3 @@ def test_an_empty_out_is_refused_instead_of_writing_into_the_current_folder(tmp_
     monkeypatch.chdir(tmp_path)
     assert_one_line_error(run_cli("--out", ""), "'--out'", "empty")
     assert list(tmp_path.iterdir()) == []
-
-
-def test_every_path_of_every_command_refuses_an_empty_name():
-    def commands(group: click.Group, ctx: click.Context):
-        for name in group.list_commands(ctx):
-            command = group.get_command(ctx, name)
-            if isinstance(command, click.Group):
-                yield from commands(command, ctx)
-            else:
-                yield name, command
-
-    paths = [(name, p.name, p.type) for name, command in commands(cli, click.Context(cli)) for p in command.params
-             if isinstance(p.type, click.Path)]
-    assert len(paths) > 20  # --out, --text, RUN, --glove, ... across the commands
-    assert [(name, param) for name, param, kind in paths if not isinstance(kind, PathParam)] == []

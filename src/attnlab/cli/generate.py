@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED, omp_passive  # noqa: F401  (omp_passive: before torch is imported)
-from attnlab.cli.params import PathParam
+from attnlab.cli.params import FiniteFloat, PathParam
 from attnlab.data.tokenizers import UNK_ID, CharTokenizer, Tokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.nn.models import DecoderLM
@@ -22,9 +22,9 @@ from attnlab.training.checkpoint import load_run
 @click.argument("run", type=PathParam(path_type=Path))
 @click.option("--prompt", required=True, help="Text to continue (at least one token; characters the model knows).")
 @click.option("--max-new-tokens", type=int, default=200, show_default=True, help="Tokens to generate (>= 1).")
-@click.option("--temperature", type=float, default=1.0, show_default=True, help="Divides the logits (> 0).")
+@click.option("--temperature", type=FiniteFloat(), default=1.0, show_default=True, help="Divides the logits (> 0).")
 @click.option("--top-k", type=int, default=None, help="Sample among the K most likely tokens only.")
-@click.option("--top-p", type=float, default=None, help="Sample among the most likely tokens holding P of the mass.")
+@click.option("--top-p", type=FiniteFloat(), default=None, help="Sample among the most likely tokens holding P of the mass.")
 @click.option("--seed", type=SEED, default=None, help="Seed of the sampling; the same seed gives the same text.")
 @click.option("--num-samples", type=click.IntRange(min=1), default=1, show_default=True,
               help="Samples to write, one after another with a separator line; sample i uses seed S + i.")

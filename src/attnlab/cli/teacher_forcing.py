@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from attnlab.cli.params import PathParam
+from attnlab.cli.params import FiniteFloat, PathParam
 from attnlab.cli.translate import report_warnings
 
 
@@ -36,10 +36,10 @@ def _markdown(rows: list[dict]) -> str:
               help="Folder for the two runs (correct/, leaky/) and report.json, report.md.")
 @click.option("--correct", type=PathParam(path_type=Path), default=None, help="Use this trained run instead of training.")
 @click.option("--leaky", type=PathParam(path_type=Path), default=None, help="Use this trained leaky run.")
-@click.option("--max-seconds", default=300.0, show_default=True, help="Training budget of each model.")
-@click.option("--max-steps", default=1_000_000, show_default=True)
-@click.option("--eval-every", default=500, show_default=True)
-@click.option("--vocab-size", default=10000, show_default=True)
+@click.option("--max-seconds", type=FiniteFloat(min=0), default=300.0, show_default=True, help="Training budget of each model.")
+@click.option("--max-steps", type=click.IntRange(min=1), default=1_000_000, show_default=True)
+@click.option("--eval-every", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--vocab-size", type=click.IntRange(min=1), default=10000, show_default=True)
 @click.option("--progress/--no-progress", default=True)
 def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path, correct: Path | None,
                     leaky: Path | None, max_seconds: float, max_steps: int, eval_every: int, vocab_size: int,

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED, omp_passive  # noqa: F401  (omp_passive: before torch is imported)
-from attnlab.cli.params import PathParam
+from attnlab.cli.params import FiniteFloat, PathParam
 from attnlab.tasks.lm import PEAK_REPEATS, PEAK_SIZE, LMData
 from attnlab.tasks.lm_train import LM_PRESETS, LMReport, train_language_model
 
@@ -47,7 +47,7 @@ def _steps(report: LMReport) -> str:
               help="Starting settings; the options below override them.")
 @click.option("--tokenizer", type=click.Choice(["char", "bpe"]), default=None, help="[preset: char]")
 @click.option("--bpe-vocab-size", type=click.IntRange(min=1), default=None, help="BPE vocabulary size. [preset: 2000]")
-@click.option("--val-fraction", type=float, default=None, help="Last fraction of the file held out. [preset: 0.1]")
+@click.option("--val-fraction", type=FiniteFloat(), default=None, help="Last fraction of the file held out. [preset: 0.1]")
 @click.option("--layers", type=click.IntRange(min=1), default=None)
 @click.option("--heads", type=click.IntRange(min=1), default=None)
 @click.option("--width", type=click.IntRange(min=1), default=None, help="Model width d_model.")
@@ -55,15 +55,15 @@ def _steps(report: LMReport) -> str:
 @click.option("--positions", type=click.Choice(["learned", "sinusoidal", "rotary"]), default=None)
 @click.option("--bias/--no-bias", default=None,
               help="Biases in the linear layers and layer norms. [nanogpt-cpu: none, as nanoGPT; shakespeare-fast: on]")
-@click.option("--dropout", type=click.FloatRange(0, 1, max_open=True), default=None)
+@click.option("--dropout", type=FiniteFloat(0, 1, max_open=True), default=None)
 @click.option("--batch-size", type=click.IntRange(min=1), default=None)
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Optimizer steps.")
-@click.option("--lr", type=float, default=None, help="Peak learning rate.")
-@click.option("--min-lr", type=click.FloatRange(min=0), default=None, help="End of the cosine decay.")
+@click.option("--lr", type=FiniteFloat(), default=None, help="Peak learning rate.")
+@click.option("--min-lr", type=FiniteFloat(min=0), default=None, help="End of the cosine decay.")
 @click.option("--warmup", type=click.IntRange(min=0), default=None, help="Linear warmup steps.")
-@click.option("--weight-decay", type=click.FloatRange(min=0), default=None)
-@click.option("--grad-clip", type=click.FloatRange(min=0), default=None, help="Gradient norm clip (0: off).")
-@click.option("--ema", "ema_decay", type=float, default=None,
+@click.option("--weight-decay", type=FiniteFloat(min=0), default=None)
+@click.option("--grad-clip", type=FiniteFloat(min=0), default=None, help="Gradient norm clip (0: off).")
+@click.option("--ema", "ema_decay", type=FiniteFloat(), default=None,
               help="Evaluate and keep a moving average of the weights with this decay per step (0: off).")
 @click.option("--eval-every", type=click.IntRange(min=0), default=None, help="Evaluate every N steps (0: only at the end).")
 @click.option("--checkpoint-every", type=click.IntRange(min=0), default=None,
@@ -74,7 +74,7 @@ def _steps(report: LMReport) -> str:
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
 @click.option("--threads", type=click.IntRange(min=0), default=None, help="torch threads (0: one per core).")
 @click.option("--seed", type=SEED, default=None)
-@click.option("--max-seconds", type=click.FloatRange(min=0), default=None,
+@click.option("--max-seconds", type=FiniteFloat(min=0), default=None,
               help="Stop training after this many seconds in all (0: no limit); may be raised on --resume.")
 @click.option("--resume", is_flag=True, help="Continue from RUN/checkpoint.")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED
-from attnlab.cli.params import PathParam
+from attnlab.cli.params import FiniteFloat, PathParam
 from attnlab.cli.translate import report_warnings
 from attnlab.errors import AttnlabError
 from attnlab.tasks.translate import RECIPE_MODEL, RECIPE_TRAIN, TranslateSettings, train_translation
@@ -33,21 +33,21 @@ _M, _T = RECIPE_MODEL, RECIPE_TRAIN
 @click.option("--layers", type=click.IntRange(min=1), default=_M["num_layers"], show_default=True, help="Encoder and decoder layers each.")
 @click.option("--heads", type=click.IntRange(min=1), default=_M["num_heads"], show_default=True)
 @click.option("--d-ff", type=click.IntRange(min=1), default=_M["d_ff"], show_default=True)
-@click.option("--dropout", type=click.FloatRange(0, 1, max_open=True), default=_M["dropout"], show_default=True)
+@click.option("--dropout", type=FiniteFloat(0, 1, max_open=True), default=_M["dropout"], show_default=True)
 @click.option("--max-positions", type=click.IntRange(min=1), default=_M["max_src_positions"], show_default=True,
               help="Position table size of each side. Longer sources are truncated (with a warning); training "
                    "pairs with longer targets are left out (with a warning).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=TranslateSettings.max_tokens, show_default=True,
               help="Padded positions per side in one training batch (length-bucketed).")
-@click.option("--label-smoothing", type=click.FloatRange(0, 1, max_open=True), default=TranslateSettings.label_smoothing, show_default=True)
-@click.option("--lr", default=_T["lr"], show_default=True, help="Peak learning rate.")
+@click.option("--label-smoothing", type=FiniteFloat(0, 1, max_open=True), default=TranslateSettings.label_smoothing, show_default=True)
+@click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=_T["lr"], show_default=True, help="Peak learning rate.")
 @click.option("--warmup", type=click.IntRange(min=0), default=_T["warmup_steps"], show_default=True, help="Linear warmup steps.")
 @click.option("--schedule", type=click.Choice(["inverse_sqrt", "cosine", "constant"]), default=_T["schedule"],
               show_default=True)
 @click.option("--max-steps", type=click.IntRange(min=1), default=_T["max_steps"], show_default=True)
-@click.option("--max-seconds", type=click.FloatRange(min=0), default=_T["max_seconds"], show_default=True,
+@click.option("--max-seconds", type=FiniteFloat(min=0), default=_T["max_seconds"], show_default=True,
               help="Time budget (training plus validation); 0 = none.")
-@click.option("--ema", "ema_decay", default=0.0, show_default=True,
+@click.option("--ema", "ema_decay", type=FiniteFloat(0, 1, max_open=True), default=0.0, show_default=True,
               help="Validate and keep a moving average of the weights with this decay per step (0: off).")
 @click.option("--eval-every", type=click.IntRange(min=0), default=_T["eval_every"], show_default=True, help="Validate every N steps (and at the end).")
 @click.option("--select", type=click.Choice(["bleu", "loss"]), default="bleu", show_default=True,

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from attnlab.cli.params import PathParam
+from attnlab.cli.params import FiniteFloat, PathParam
 from attnlab.errors import AttnlabError
 
 
@@ -29,12 +29,12 @@ def report_warnings() -> Iterator[None]:
 def decode_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The search options shared by ``translate``, ``eval translate`` and ``attention``."""
     for option in reversed([
-        click.option("--beam", "beam", default=4, show_default=True, help="Beam size (1 = greedy search)."),
-        click.option("--length-penalty", default=1.0, show_default=True,
-                     help="GNMT alpha: scores are log p / ((5 + len) / 6) ** alpha."),
-        click.option("--max-len-a", default=1.5, show_default=True, help="At most a * source length + b tokens."),
-        click.option("--max-len-b", default=10, show_default=True),
-        click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)."),
+        click.option("--beam", "beam", type=click.IntRange(min=1), default=4, show_default=True, help="Beam size (1 = greedy search)."),
+        click.option("--length-penalty", type=FiniteFloat(0, 5), default=1.0, show_default=True,
+                     help="GNMT alpha, 0 to 5: scores are log p / ((5 + len) / 6) ** alpha."),
+        click.option("--max-len-a", type=FiniteFloat(min=0), default=1.5, show_default=True, help="At most a * source length + b tokens."),
+        click.option("--max-len-b", type=click.IntRange(min=0), default=10, show_default=True),
+        click.option("--threads", type=click.IntRange(min=1), default=None, help="torch CPU threads (default: torch's choice)."),
     ]):
         fn = option(fn)
     return fn

@@ -1,0 +1,44 @@
+"""Options shared by every command: path names that may not be empty, numbers that must be finite."""
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from attnlab.cli.main import cli
+from attnlab.cli.params import FiniteFloat, PathParam
+
+
+def all_params():
+    """(command path, parameter) for every parameter of every command."""
+    def commands(group: click.Group, ctx: click.Context, prefix: str):
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            if isinstance(command, click.Group):
+                yield from commands(command, ctx, f"{prefix}{name} ")
+            else:
+                yield f"{prefix}{name}", command
+
+    return [(name, p) for name, command in commands(cli, click.Context(cli), "") for p in command.params]
+
+
+def test_every_path_of_every_command_refuses_an_empty_name():
+    paths = [(name, p.name, p.type) for name, p in all_params() if isinstance(p.type, click.Path)]
+    assert len(paths) > 20  # --out, --text, RUN, --glove, ... across the commands
+    assert [(name, param) for name, param, kind in paths if not isinstance(kind, PathParam)] == []
+
+
+def test_every_float_option_refuses_nan_and_infinity():
+    floats = [(name, p.name, p.type) for name, p in all_params() if isinstance(p.type, click.types.FloatParamType)]
+    assert len(floats) > 20  # --lr, --dropout, --temperature, --length-penalty, ... across the commands
+    assert [(name, param) for name, param, kind in floats if not isinstance(kind, FiniteFloat)] == []
+
+
+@pytest.mark.parametrize("args", [["train", "classify", "--train", "x.csv", "--out", "y", "--dropout", "nan"],
+                                  ["train", "lm", "--text", "x", "--out", "y", "--lr", "inf"],
+                                  ["translate", "run", "a", "--length-penalty", "1e9"],
+                                  ["train", "translate", "--train", "t", "--valid", "v", "--out", "o", "--ema", "nan"]])
+def test_a_number_that_is_not_finite_or_out_of_range_is_one_error_line(args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and result.stderr.startswith("error: Invalid value")
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
