@@ -161,6 +161,10 @@ def test_bad_training_input_is_one_line_and_exit_2(tmp_path):
     assert "'--dropout': 1.5 is not in the range" in one_error_line(run(*train, "--train", good, "--dropout", "1.5"))
     assert "'--epochs': 'abc' is not a valid integer" in one_error_line(run(*train, "--train", good, "--epochs", "abc"))
     assert "--min-freq 1000" in one_error_line(run(*train, "--train", good, "--min-freq", "1000"))
+    unseen = tmp_path / "unseen.csv"
+    unseen.write_text("text,label\nclose my account,close_account\nlost my card,lost_card\n", encoding="utf-8")
+    assert "none of the 2 validation rows has a label the training data holds" in one_error_line(
+        run(*train, "--train", good, "--valid", unseen))
     assert not (tmp_path / "out").exists()  # nothing was started
 
 
@@ -309,3 +313,13 @@ def test_check_reads_a_classifier_runs_contract(trained):
     assert report["contract"]["max_length"] == json.loads((root / "run" / "config.json").read_text())["model"]["kwargs"][
         "max_positions"]
     assert {c["name"]: c["status"] for c in report["checks"]}["padding-invariance"] == "pass"
+
+
+def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_run_behind(tmp_path):
+    good = write_tickets(tmp_path / "good.csv", 40)
+    args = ["train", "classify", "--train", good, "--out", tmp_path / "out", *SMALL, "--epochs", "1"]
+    failed = run(*args, "--lr", "1e30")
+    assert failed.exit_code == 2 and failed.stderr == ("error: loss became nan at step 2; training stopped, no "
+                                                       "checkpoint had been written yet\n")
+    assert not (tmp_path / "out").exists()  # the fixed command may use the same --out
+    assert run(*args).exit_code == 0

@@ -237,6 +237,15 @@ def test_resume_continues_a_run_from_its_checkpoint(toy, tmp_path):
     assert "resume: continuing with other training settings than before: max_steps 300 -> 305" in result.stderr
     assert json.loads((run / "config.json").read_text())["train"]["max_steps"] == 305
     assert "ignored" not in result.stderr  # the same data and model flags as the run: nothing to ignore
+    # Other data would give other batches: refused before anything changes, for either split.
+    before = (run / "config.json").read_bytes()
+    for split in ("train", "valid"):
+        other = {"train": toy["root"] / "train", "valid": toy["root"] / "valid", split: toy["root"] / "test"}
+        refused = CliRunner().invoke(cli, [str(a) for a in ("train", "translate", "--train", other["train"], "--valid",
+                                                             other["valid"], "--src", "xx", "--tgt", "yy", "--out", run,
+                                                             "--resume", *SMALL)])
+        assert refused.exit_code == 2 and f"is not the {split} data this run started with" in refused.stderr
+    assert (run / "config.json").read_bytes() == before
 
 
 def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(toy, tmp_path):
@@ -325,3 +334,14 @@ def test_check_reads_a_translation_runs_contract(toy):
     assert report["contract"]["kind"] == "seq2seq"
     assert report["contract"]["vocab_size"] == min(kwargs["src_vocab_size"], kwargs["tgt_vocab_size"])
     assert {c["name"]: c["status"] for c in report["checks"]}["causal"] == "pass"
+
+
+def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_run_behind(tmp_path):
+    rng = random.Random(1)
+    write_corpus(tmp_path / "train", 200, rng)
+    write_corpus(tmp_path / "valid", 20, rng)
+    args = ["train", "translate", "--train", tmp_path / "train", "--valid", tmp_path / "valid", "--src", "xx", "--tgt",
+            "yy", "--out", tmp_path / "run", "--max-steps", "20", "--eval-every", "10", *SMALL]
+    failed = CliRunner().invoke(cli, [str(a) for a in (*args, "--lr", "1e30")])
+    assert failed.exit_code == 2 and "loss became nan" in failed.stderr
+    assert not (tmp_path / "run").exists()  # the fixed command may use the same --out

@@ -52,7 +52,7 @@ from attnlab.training.checkpoint import (
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
-from attnlab.training.engine import config_dict, run_training, to_device
+from attnlab.training.engine import config_dict, to_device, train_or_forget
 
 TOKENIZER_FILE, RESULT_FILE = "tokenizer.json", "result.json"
 MODEL_KINDS = ("transformer", "tiny", "bow")
@@ -199,6 +199,11 @@ def load_data(train_path: str | Path, valid_path: str | Path | None, settings: C
     known = set(labels)
     assert valid.labels is not None
     unseen = [i for i, lab in enumerate(valid.labels) if lab not in known]
+    if unseen and len(unseen) == len(valid.labels):  # validation would measure nothing: said before training
+        kinds = sorted(set(valid.labels))
+        raise AttnlabError(f"none of the {len(unseen)} validation rows has a label the training data holds "
+                           f"({', '.join(kinds[:5])}{', ...' if len(kinds) > 5 else ''}); validation would "
+                           "measure nothing")
     if unseen:
         kinds = sorted({valid.labels[i] for i in unseen})
         notes.append(f"validation: {len(unseen)} rows have labels not in the training data ({', '.join(kinds[:5])}"
@@ -458,6 +463,7 @@ def train_classifier(
         note(f"schedule: {epochs} epochs of {per_epoch} steps fit in {settings.max_seconds:g} s "
              f"(about {epoch_seconds:.1f} s an epoch, measured)")
     config = settings.train_config(planned, per_epoch, progress and main)
+    existed = Path(out).exists()
     if saved is None and main:
         ensure_writable_dir(out)
         tokenizer.save(out / TOKENIZER_FILE)
@@ -479,7 +485,8 @@ def train_classifier(
             "classify": asdict(settings),
             "train": config_dict(config),
         })
-    result = run_training(model, task, config, out, resume=resume)
+    result = train_or_forget(model, task, config, Path(out), resume=resume, existed=existed,
+                             task_files=[TOKENIZER_FILE])
     load_weights(model, out / WEIGHTS)
     best = result.best
     total = len(data.valid)  # rows with unseen labels count as wrong: they cannot be predicted

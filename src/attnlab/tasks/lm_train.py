@@ -58,7 +58,7 @@ from attnlab.training.checkpoint import (
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
-from attnlab.training.engine import LOSS_PLOT, METRICS_FILE, config_dict, run_training
+from attnlab.training.engine import METRICS_FILE, config_dict, train_or_forget
 
 
 @dataclass(frozen=True)
@@ -262,14 +262,6 @@ def _refuse_finished(out: Path, settings: LMSettings) -> None:
                            f"{settings.steps} steps ({seconds:.1f} s); resume with a larger --max-seconds (0: no limit)")
 
 
-def _remove_unstarted_run(out: Path, existed: bool) -> None:
-    """Remove the files a run writes before its first checkpoint; the folder too if the run created it."""
-    for name in (CONFIG, TOKENIZER_FILE, METRICS_FILE, LOSS_PLOT, WEIGHTS):  # weights: an evaluation came first
-        (out / name).unlink(missing_ok=True)
-    if not existed and not any(out.iterdir()):
-        out.rmdir()
-
-
 def train_language_model(
     text: str | Path,
     out: str | Path,
@@ -361,14 +353,8 @@ def train_language_model(
         }
         if not resume:  # a resume records its settings (a new time budget) once it has run: a failed one changes nothing
             write_run_config(out, run_config)
-        try:
-            result = run_training(model, task, config, out, resume=resume)
-        except Exception:
-            # Failed (a loss gone NaN, say) before its first checkpoint: nothing in the folder can be resumed, and
-            # leaving its config.json would make the folder refuse a new run while --resume repeats the failure.
-            if not has_checkpoint(out) and is_main_process():
-                _remove_unstarted_run(out, existed)
-            raise
+        result = train_or_forget(model, task, config, out, resume=resume, existed=existed,
+                                 task_files=[TOKENIZER_FILE])
         if resume:
             write_run_config(out, run_config)
         load_weights(model, out / WEIGHTS)  # the kept (best) weights: what generate will use

@@ -57,7 +57,7 @@ from attnlab.training.checkpoint import (
 )
 from attnlab.training.checkpoint import build_model as rebuild_model
 from attnlab.training.distributed import Place, is_main_process, shard
-from attnlab.training.engine import config_dict, run_training
+from attnlab.training.engine import config_dict, train_or_forget
 
 TASK = "translate"
 RESULT = "result.json"  # the finished run's summary (steps, time, throughput, best validation scores)
@@ -278,6 +278,14 @@ def _init_embeddings(model: Transformer) -> None:
         nn.init.normal_(table.weight, std=table.embedding_dim ** -0.5)
 
 
+def _same_data(saved: dict[str, str], **given: str | Path) -> None:
+    """Refuse a resume on other training or validation data than the run's (its batches would not repeat)."""
+    for split, path in given.items():
+        if split in saved and Path(saved[split]).resolve() != Path(path).resolve():
+            raise AttnlabError(f"--{split} {path} is not the {split} data this run started with ({saved[split]}); "
+                               "resume needs the same data")
+
+
 def _resume_differences(run_cfg: dict[str, Any], saved: TranslateSettings, given: TranslateSettings,
                         model_kwargs: dict[str, Any], config: TrainConfig) -> list[str]:
     """One line for each setting of a resumed run that differs from how the run started.
@@ -330,6 +338,7 @@ def train_translation(
             # The seed belongs to the run: it drew the first weights and orders every epoch's batches.
             log(f"resume: keeping the run's seed {started_seed} (--seed {config.seed} ignored)")
             config = replace(config, seed=started_seed)
+        _same_data(run_cfg.get("data", {}), train=train, valid=valid)
         for line in _resume_differences(run_cfg, saved, settings, model_kwargs or {}, config):
             log(line)
         settings = saved
@@ -364,6 +373,7 @@ def train_translation(
     else:
         model = build_model((src_tok.vocab_size, tgt_tok.vocab_size), model_kwargs, share_embeddings=share_embeddings,
                             tie_output=tie_output, look_ahead_mask=settings.look_ahead_mask)
+        existed = out.exists()
         out.mkdir(parents=True, exist_ok=True)
         save_tokenizers(out, src_tok, tgt_tok, settings)
         write_run_config(out, {"task": TASK, "model": model_config(model), "train": config_dict(config),
@@ -371,7 +381,8 @@ def train_translation(
     task = TranslationTask(train_pairs, valid_pairs, valid_sources, valid_ref, tgt_tok, settings, seed=config.seed)
     log(f"{len(train_pairs)} training pairs, {len(valid_pairs)} validation pairs; model {type(model).__name__} "
         f"with {model.num_parameters():,} parameters")
-    result = run_training(model, task, config, out, resume=resume and not restart)
+    result = train_or_forget(model, task, config, out, resume=resume and not restart,
+                             existed=True if resume else existed, task_files=set(settings.tokenizers.values()))
     if resume and is_main_process():  # what the run continued with; not before: a resume that fails changes nothing
         write_run_config(out, {**run_cfg, "train": config_dict(config)})
     if is_main_process():

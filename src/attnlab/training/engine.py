@@ -42,6 +42,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from attnlab.errors import AttnlabError
 from attnlab.training import distributed
 from attnlab.training.checkpoint import (
+    CONFIG,
     WEIGHTS,
     has_checkpoint,
     load_checkpoint,
@@ -426,6 +427,26 @@ def run_training(model: nn.Module, task: Task, config: TrainConfig, out: str | P
         return trainer.fit(resume=resume)
     finally:
         trainer.close()
+
+
+def train_or_forget(model: nn.Module, task: Task, config: TrainConfig, out: Path, *, resume: bool, existed: bool,
+                    task_files: Iterable[str]) -> TrainResult:
+    """:func:`run_training`; if it fails before its first checkpoint, the run's own files go with it.
+
+    Nothing of such a run can be resumed, and its ``config.json`` would make the folder refuse a new run while
+    ``--resume`` repeated the failure (a loss gone NaN, say). What goes: ``config.json``, the best weights, the
+    metrics and their plot, and ``task_files`` (its tokenizers); the folder too when the run created it
+    (``existed`` False) and nothing else is in it. Ctrl-C is not a failure: a resume restarts such a run.
+    """
+    try:
+        return run_training(model, task, config, out, resume=resume)
+    except Exception:
+        if not has_checkpoint(out) and distributed.is_main_process():
+            for name in (CONFIG, WEIGHTS, METRICS_FILE, LOSS_PLOT, *task_files):
+                (out / name).unlink(missing_ok=True)
+            if not existed and out.is_dir() and not any(out.iterdir()):
+                out.rmdir()
+        raise
 
 
 def config_dict(config: TrainConfig) -> dict[str, Any]:
