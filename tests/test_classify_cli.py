@@ -94,6 +94,9 @@ def test_predict_arguments_and_stdin(trained):
     lines = piped.output.strip().splitlines()
     assert len(lines) == 2 and lines[0].split("\t")[0] == "refund" and lines[1].split("\t")[0] == "payment"
     assert lines[0].split("\t")[-1] == "refund my money please"
+    # A tab or a line break inside a text keeps its four fields on its one line.
+    odd = run("predict", root / "run", "refund\tmy money\nplease \\o/").output.splitlines()
+    assert len(odd) == 1 and odd[0].split("\t")[3:] == ["refund\\tmy money\\nplease \\\\o/"]
     # An empty line is refused, not skipped: skipping would pair every later output line with the wrong input.
     gap = run("predict", root / "run", input="refund my money please\n\ncharged twice on my card\n")
     assert gap.exit_code == 2 and gap.stdout == "" and "line 2 of 3 is empty" in gap.stderr
@@ -161,6 +164,7 @@ def test_bad_training_input_is_one_line_and_exit_2(tmp_path):
     assert "'--dropout': 1.5 is not in the range" in one_error_line(run(*train, "--train", good, "--dropout", "1.5"))
     assert "'--epochs': 'abc' is not a valid integer" in one_error_line(run(*train, "--train", good, "--epochs", "abc"))
     assert "--min-freq 1000" in one_error_line(run(*train, "--train", good, "--min-freq", "1000"))
+    assert "--d-model 32 is not divisible by --heads 3" in one_error_line(run(*train, "--train", good, "--heads", "3"))
     unseen = tmp_path / "unseen.csv"
     unseen.write_text("text,label\nclose my account,close_account\nlost my card,lost_card\n", encoding="utf-8")
     assert "none of the 2 validation rows has a label the training data holds" in one_error_line(

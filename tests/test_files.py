@@ -40,3 +40,12 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
             tmp.write_text("half")
             raise RuntimeError("crash mid-write")
     assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+
+
+def test_writing_over_a_folder_names_the_folder_not_a_temporary_file(tmp_path):
+    from attnlab.errors import AttnlabError
+
+    (tmp_path / "out").mkdir()
+    with pytest.raises(AttnlabError, match=r"out is a folder; give a file name to write"):
+        write_text_atomic(tmp_path / "out", "x")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary left behind

@@ -385,6 +385,9 @@ def test_check_takes_a_run_folder_and_reads_its_contract_from_it(run, tmp_path):
     assert {c["name"]: c["status"] for c in report["checks"]}["causal"] == "pass"
     given = json.loads(invoke("check", run[0], "--json", "--seeds", "1", "--max-length", "8").stdout)
     assert given["contract"]["max_length"] == 8  # an option still overrides the run's own figure
+    for option, value in (("--vocab-size", 99999), ("--max-length", 25)):  # but not past what the run can take
+        too_big = invoke("check", run[0], option, value)
+        assert too_big.exit_code == 2 and f"{value} is more than the run's own" in too_big.stderr
     (tmp_path / "model.py").write_text("def f():\n    return None\n")
     for spec, message in ((tmp_path / "nope", "is neither a run folder nor path/to/file.py:factory"),
                           (tmp_path / "model.py", "names a file but no factory"),
@@ -407,3 +410,17 @@ def test_check_takes_a_run_folder_and_reads_its_contract_from_it(run, tmp_path):
     broken = invoke("check", edited)
     assert broken.exit_code == 2 and broken.stderr.count("\n") == 1
     assert "does not give the model's vocabulary and length (KeyError" in broken.stderr
+
+
+def test_a_table_into_a_closed_pipe_ends_with_sigpipes_status_not_a_checks_failure(run):
+    import signal
+    import subprocess
+    import sys
+
+    # The reader is gone before the table is written (importing torch alone takes longer than closing).
+    proc = subprocess.Popen([sys.executable, "-m", "attnlab.cli.main", "check", str(run[0]), "--seeds", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 128 + signal.SIGPIPE  # not 1, which says that a check failed
+    assert "error" not in err and "Traceback" not in err, err

@@ -2,6 +2,7 @@
 
 import json
 import random
+import shutil
 
 import pytest
 import torch
@@ -189,6 +190,17 @@ def test_leaky_model_wins_under_teacher_forcing_and_collapses_free_running(tmp_p
                      "--correct", runs["correct"], "--leaky", runs["leaky"], "--out", tmp_path / "report")
     assert "| leaky | no |" in result.stdout
     assert json.loads((tmp_path / "report" / "report.json").read_text())[1]["model"] == "leaky"
+    # A run of another task is named before anything runs; runs already under --out are not retrained over.
+    write_run_config(tmp_path / "lm", {"task": "lm", "model": {"class": "DecoderLM", "kwargs": {}}})
+    other = CliRunner().invoke(cli, [str(a) for a in ("experiment", "teacher-forcing", "--valid", tmp_path / "valid",
+                                                      "--correct", tmp_path / "lm", "--leaky", runs["leaky"],
+                                                      "--out", tmp_path / "r2")])
+    assert other.exit_code == 2 and other.stderr == f"error: {tmp_path / 'lm'} is a 'lm' run, not a 'translate' run\n"
+    (tmp_path / "r3" / "correct").mkdir(parents=True)
+    shutil.copy(runs["correct"] / "config.json", tmp_path / "r3" / "correct" / "config.json")
+    again = CliRunner().invoke(cli, [str(a) for a in ("experiment", "teacher-forcing", "--train", tmp_path / "train",
+                                                      "--valid", tmp_path / "valid", "--out", tmp_path / "r3")])
+    assert again.exit_code == 2 and "measure it again with --correct" in again.stderr
 
 
 def test_overlong_source_is_truncated_with_a_warning(toy):

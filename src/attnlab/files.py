@@ -40,6 +40,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     0666 less the umask (``mkstemp`` makes its files private, 0600, whatever the umask).
     """
     path = Path(path)
+    if path.is_dir():  # said now, by its own name: the rename at the end would fail on the temporary one
+        raise AttnlabError(f"{path} is a folder; give a file name to write")
     ensure_writable_dir(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)

@@ -22,6 +22,7 @@ import click
 from attnlab.checks.contract import KINDS, MAX_VOCAB_SIZE, MIN_MAX_LENGTH, MIN_VOCAB_SIZE, Contract
 from attnlab.checks.loading import load_model
 from attnlab.checks.runner import run_checks
+from attnlab.cli.console import console as stdout_console
 from attnlab.errors import AttnlabError
 from attnlab.training.checkpoint import CONFIG, load_run, read_run_config
 
@@ -124,6 +125,11 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
         raise click.UsageError(f"Missing option '--kind' (choose from {', '.join(KINDS)}): a factory SPEC does not "
                                "say what kind of model it builds")
     pad_id = defaults["pad_id"] if pad_id is _UNSET else pad_id
+    if run is not None:  # ids or lengths past the run's own would fail every check for the wrong reason
+        for option, given, limit in (("--vocab-size", vocab_size, defaults["vocab_size"]),
+                                     ("--max-length", max_length, defaults["max_length"])):
+            if given is not None and given > limit:
+                raise click.BadParameter(f"{given} is more than the run's own {limit}", param_hint=f"'{option}'")
     vocab_size = vocab_size or defaults["vocab_size"]
     max_length = max_length or defaults["max_length"]
     if pad_id is not None and not 0 <= pad_id < vocab_size:
@@ -141,7 +147,7 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
     if as_json:
         click.echo(json.dumps(report.as_dict(), allow_nan=False))
     else:
-        report.print()
+        report.print(stdout_console())
     for line in warning_lines(caught):
         click.echo(f"warning: {line}", err=True)
     if report.failed:

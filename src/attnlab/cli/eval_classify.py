@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table as RichTable
 
+from attnlab.cli.console import console as stdout_console
 from attnlab.cli.params import PathParam
 from attnlab.tasks.classify import load_classifier
 from attnlab.tasks.classify_eval import draw_confusion, evaluate_table
@@ -35,7 +35,7 @@ def eval_classify(run: Path, data: Path, text_column: str | None, label_column: 
     if as_json:
         click.echo(json.dumps(evaluation.as_dict()))
         return
-    console = Console()
+    console = stdout_console()
     per_class = RichTable(title=f"{data}: per class", title_justify="left")
     for name, justify in (("label", "left"), ("precision", "right"), ("recall", "right"), ("f1", "right"),
                           ("support", "right")):

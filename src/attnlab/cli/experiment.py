@@ -36,16 +36,16 @@ def leak(text: Path, out: Path, steps: int | None, sample_tokens: int, progress:
     and the causal check expose the leak (seed 000, review question 4).
 
     The settings, the text and --out are checked before anything is written: a refused run leaves no folder."""
-    from rich.console import Console
     from rich.table import Table
 
     from attnlab.cli import omp_passive  # noqa: F401  (before torch is imported)
+    from attnlab.cli.console import console as stdout_console
     from attnlab.tasks.leak import LEAK_SETTINGS, run_leak_experiment, summary
 
     settings = LEAK_SETTINGS.with_overrides(steps=steps)
     # No --warmup here: a budget shorter than ten warmups warms up for a tenth of it.
     settings = settings.with_overrides(warmup=min(settings.warmup, settings.steps // 10))
-    console = Console()
+    console = stdout_console()
 
     def banner(_data: object) -> None:  # only once every check has passed
         console.print(f"training two models ({settings.layers} layers, width {settings.width}, context "

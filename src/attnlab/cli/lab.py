@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from attnlab.cli.console import console as stdout_console
 from attnlab.cli.params import PathParam
 from attnlab.lab import DEFAULT_MAX_LENGTH, STEPS, run_lab
 
@@ -25,7 +25,7 @@ from attnlab.lab import DEFAULT_MAX_LENGTH, STEPS, run_lab
               help="Padded sentence length, and the number of encoding positions measured.")
 def lab(out: Path, glove: Path | None, dim: int | None, max_length: int) -> None:
     """Recompute every measurement of the lab and write OUT/index.html and OUT/numbers.json."""
-    err = Console(stderr=True)
+    err = stdout_console(stderr=True)
     # Live progress on a terminal only, and transient: it disappears when the run ends, so what stays on
     # the screen is either the table of key numbers or the one "error: ..." line.
     with Progress(SpinnerColumn(), TextColumn("{task.description:<48}"), BarColumn(), MofNCompleteColumn(),
@@ -43,7 +43,7 @@ def lab(out: Path, glove: Path | None, dim: int | None, max_length: int) -> None
     for section in result.sections:
         for label, value in section.highlights:
             table.add_row(label, value)
-    console = Console()
+    console = stdout_console()
     console.print(table)
     console.print(f"report: {result.out / 'index.html'}")
     console.print(f"numbers: {result.out / 'numbers.json'}")

@@ -51,6 +51,8 @@ def predict(run: Path, texts: tuple[str, ...], top: int, as_json: bool) -> None:
             }))
         else:
             others = " ".join(f"{lab}:{p:.3f}" for lab, p in zip(labels[1:], ps[1:]))
-            click.echo(f"{labels[0]}\t{ps[0]:.3f}\t{others}\t{text}")
+            # A tab or line break inside the text would add a field or a line: written as \t, \n, \r instead.
+            shown = text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+            click.echo(f"{labels[0]}\t{ps[0]:.3f}\t{others}\t{shown}")
     if encoded.truncated and not as_json:
         click.echo(f"note: {encoded.truncated} text(s) were cut to the model's {clf.max_len} positions", err=True)

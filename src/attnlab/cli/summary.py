@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import click
-from rich.console import Console
 from rich.table import Table
 
+from attnlab.cli.console import console as stdout_console
 from attnlab.presets import MODEL_PRESETS, build_preset
 from attnlab.summary import summarize, total_parameters
 
@@ -35,4 +35,4 @@ def summary(preset: str, expand: bool, as_json: bool) -> None:
         table.add_row(r.name, r.kind, f"{r.parameters:,}", r.note)
     table.add_section()
     table.add_row("total", "", f"{total:,}", "")
-    Console().print(table)
+    stdout_console().print(table)

@@ -49,8 +49,15 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
     from attnlab.files import write_json_atomic, write_text_atomic
     from attnlab.tasks.translate import RECIPE_TRAIN, TranslateSettings, teacher_forcing_rows, train_translation
     from attnlab.training import TrainConfig
+    from attnlab.training.checkpoint import read_run_config
 
     runs: dict[str, Path] = {}
+    for name, given in (("correct", correct), ("leaky", leaky)):  # checked before anything is trained
+        if given is None and (out / name / "config.json").exists():
+            raise AttnlabError(f"{out / name} already holds a run; measure it again with --{name} {out / name}, "
+                               "or choose another --out")
+        if given is not None:
+            read_run_config(given, "translate")  # a run of another task, or no run, is named now
     with report_warnings():
         for name, given, mask in (("correct", correct, True), ("leaky", leaky, False)):
             if given is not None:

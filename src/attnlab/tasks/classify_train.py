@@ -154,6 +154,9 @@ class ClassifySettings:
             raise AttnlabError("batch size, max epochs and max positions must be at least 1, epochs at least 0")
         if not self.epochs and not self.steps and not self.max_seconds:
             raise AttnlabError("epochs 0 fits the run to --max-seconds; give --epochs, --steps or --max-seconds")
+        if self.d_model % self.heads:  # said in the command's words (the core's message names head_dim)
+            raise AttnlabError(f"--d-model {self.d_model} is not divisible by --heads {self.heads}: "
+                               "each head gets d_model / heads dimensions")
         self.train_config(1, 1, progress=False).validate()  # the engine's own checks (EMA decay, learning rate)
 
     def train_config(self, steps: int, steps_per_epoch: int, progress: bool) -> TrainConfig:
