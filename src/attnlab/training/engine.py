@@ -367,8 +367,11 @@ class Trainer:
         window_start, window_tokens = time.perf_counter(), 0
         first_window = True  # holds this start's warm-up (and compilation): rates leave it out
         try:
-            # (a resumed run that had spent its time budget takes no further step)
-            while self.state["step"] < cfg.max_steps and not (cfg.max_seconds and self.state["elapsed"] >= cfg.max_seconds):
+            # A resumed run that had spent its time budget takes no further step. Decided once, from the counters
+            # every process loaded from the checkpoint: in the loop each process's clock differs a little, and the
+            # broadcast out_of_time flag below is what stops them all at the same step.
+            spent = bool(cfg.max_seconds and self.state["elapsed"] >= cfg.max_seconds)
+            while not spent and self.state["step"] < cfg.max_steps:
                 micro = [next(batches) for _ in range(cfg.grad_accum)]
                 loss, tokens = self._step(micro)
                 self.state["step"] += 1
