@@ -94,6 +94,12 @@ def test_predict_arguments_and_stdin(trained):
     lines = piped.output.strip().splitlines()
     assert len(lines) == 2 and lines[0].split("\t")[0] == "refund" and lines[1].split("\t")[0] == "payment"
     assert lines[0].split("\t")[-1] == "refund my money please"
+    latin1 = run("predict", root / "run", input=b"refund my money\ncaf\xe9 charged twice\n")
+    assert latin1.exit_code == 2 and latin1.stderr == ("error: standard input is not UTF-8 text (line 2: invalid "
+                                                       "continuation byte)\n")
+    crlf = run("predict", root / "run", input="refund my money please\r\ncharged twice on my card\r\n")
+    assert [line.split("\t")[-1] for line in crlf.output.splitlines()] == ["refund my money please",
+                                                                          "charged twice on my card"]
     # A tab or a line break inside a text keeps its four fields on its one line.
     odd = run("predict", root / "run", "refund\tmy money\nplease \\o/").output.splitlines()
     assert len(odd) == 1 and odd[0].split("\t")[3:] == ["refund\\tmy money\\nplease \\\\o/"]
@@ -155,6 +161,12 @@ def test_bad_training_input_is_one_line_and_exit_2(tmp_path):
     single = tmp_path / "single.csv"
     single.write_text("text,label\n" + "".join(f"text {i},same\n" for i in range(20)), encoding="utf-8")
     assert "one class only" in one_error_line(run(*train, "--train", single))
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("text,label\nhello there,a\nextra,field,here,now\n", encoding="utf-8")
+    assert "ragged.csv:3: 4 fields where the header has 2" in one_error_line(run(*train, "--train", ragged))
+    short = tmp_path / "short.csv"
+    short.write_text("text,label\nhello there,a\nonly text\n", encoding="utf-8")
+    assert "short.csv:3: 1 field where the header has 2" in one_error_line(run(*train, "--train", short))
     three = tmp_path / "three.csv"
     three.write_text("text,a,b\nx,1,2\n", encoding="utf-8")
     assert "['text', 'a', 'b']" in one_error_line(run(*train, "--train", three))

@@ -84,7 +84,15 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
     try:
         reader = csv.DictReader(raw.splitlines(), delimiter=delimiter)
         fields = list(reader.fieldnames or [])
-        rows = [dict(r) for r in reader]
+        rows = []
+        for row in reader:
+            # DictReader files surplus fields under None and fills missing ones with None: either way the row's
+            # text and label would be taken from the wrong places without a word.
+            if None in row or None in row.values():
+                count = len(fields) + len(row.get(None) or []) if None in row else sum(v is not None for v in row.values())
+                raise AttnlabError(f"{path}:{reader.line_num}: {count} field{'s' if count != 1 else ''} where the "
+                                   f"header has {len(fields)}; quote a text that holds the delimiter")
+            rows.append(dict(row))
     except csv.Error as err:
         raise AttnlabError(f"{path} is not a readable CSV file: {err}") from err
     return fields, rows
