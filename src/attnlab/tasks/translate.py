@@ -328,7 +328,8 @@ def train_translation(
     out = Path(out)
     config = train_config or TrainConfig(**RECIPE_TRAIN)
     config.validate()  # before anything is written: a bad setting leaves no half-made run
-    if out.exists() and not out.is_dir():  # said now, not after the BPE training
+    existed = out.exists()  # a run that fails before its first checkpoint removes the folder only if it made it
+    if existed and not out.is_dir():  # said now, not after the BPE training
         raise AttnlabError(f"{out} exists and is not a folder; --out names the run folder")
     if resume:
         run_cfg = read_run_config(out, TASK)
@@ -373,7 +374,6 @@ def train_translation(
     else:
         model = build_model((src_tok.vocab_size, tgt_tok.vocab_size), model_kwargs, share_embeddings=share_embeddings,
                             tie_output=tie_output, look_ahead_mask=settings.look_ahead_mask)
-        existed = out.exists()
         out.mkdir(parents=True, exist_ok=True)
         save_tokenizers(out, src_tok, tgt_tok, settings)
         write_run_config(out, {"task": TASK, "model": model_config(model), "train": config_dict(config),
@@ -382,7 +382,7 @@ def train_translation(
     log(f"{len(train_pairs)} training pairs, {len(valid_pairs)} validation pairs; model {type(model).__name__} "
         f"with {model.num_parameters():,} parameters")
     result = train_or_forget(model, task, config, out, resume=resume and not restart,
-                             existed=True if resume else existed, task_files=set(settings.tokenizers.values()))
+                             existed=existed, task_files=set(settings.tokenizers.values()))
     if resume and is_main_process():  # what the run continued with; not before: a resume that fails changes nothing
         write_run_config(out, {**run_cfg, "train": config_dict(config)})
     if is_main_process():
