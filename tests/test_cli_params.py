@@ -42,3 +42,18 @@ def test_a_number_that_is_not_finite_or_out_of_range_is_one_error_line(args, tmp
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and result.stderr.startswith("error: Invalid value")
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+@pytest.mark.parametrize("command", ["lm", "classify"])
+def test_an_out_that_is_a_file_is_refused_before_the_data_is_read(command, tmp_path):
+    (tmp_path / "t.txt").write_text("to be or not to be\n" * 200)
+    (tmp_path / "t.csv").write_text("text,label\n" + "".join(f"ticket {i},L{i % 2}\n" for i in range(40)))
+    (tmp_path / "file").write_text("keep me")
+    data = ["--text", tmp_path / "t.txt"] if command == "lm" else ["--train", tmp_path / "t.csv"]
+    result = CliRunner().invoke(cli, [str(a) for a in ["train", command, *data, "--out", tmp_path / "file",
+                                                      "--no-progress"]])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines()[-1] == \
+        f"error: {tmp_path / 'file'} exists and is not a folder; --out names a folder"
+    assert "data:" not in result.output and "schedule:" not in result.output  # nothing read or measured first
+    assert (tmp_path / "file").read_text() == "keep me"

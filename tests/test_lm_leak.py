@@ -145,7 +145,7 @@ def test_leak_refuses_a_missing_text_and_an_out_that_is_a_file(tmp_path):
     assert not (tmp_path / "leak").exists()
     (tmp_path / "file").write_text("keep me")
     assert _one_error_line(_leak("--text", text, "--out", tmp_path / "file")) == \
-        f"error: --out {tmp_path / 'file'} exists and is not a folder"
+        f"error: {tmp_path / 'file'} exists and is not a folder; --out names a folder"
     assert (tmp_path / "file").read_text() == "keep me"
 
 

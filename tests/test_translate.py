@@ -75,6 +75,22 @@ def test_training_reaches_exact_match_decoding_on_held_out_sentences(toy):
     assert single.stdout == "red blue green\n"
 
 
+def test_translate_reads_standard_input_with_a_dash_and_refuses_no_sentences(toy, tmp_path):
+    piped = CliRunner().invoke(cli, ["translate", str(toy["run"]), "--input", "-", "--beam", "1", "--no-progress"],
+                               input="ka lo mi\nmi\n")
+    assert piped.exit_code == 0, piped.output
+    assert piped.stdout.splitlines() == [run_cli("translate", toy["run"], s).stdout.strip() for s in ("ka lo mi", "mi")]
+    (tmp_path / "empty.xx").write_text("")
+    for args, stdin, name in (([tmp_path / "empty.xx"], None, tmp_path / "empty.xx"), (["-"], "", "standard input")):
+        result = CliRunner().invoke(cli, [str(a) for a in ("translate", toy["run"], "--input", *args)], input=stdin)
+        assert result.exit_code == 2 and result.stderr == f"error: {name} holds no sentences\n"
+    blank = CliRunner().invoke(cli, ["translate", str(toy["run"]), "--input", "-"], input="ka\n\nmi\n")
+    assert blank.exit_code == 2 and blank.stderr == ("error: standard input: empty line 2 (1 in all); every line must "
+                                                     "hold one sentence\n")
+    latin1 = CliRunner().invoke(cli, ["translate", str(toy["run"]), "--input", "-"], input="ka\nm\xe4\n".encode("latin-1"))
+    assert latin1.exit_code == 2 and latin1.stderr.startswith("error: standard input is not UTF-8 text (line 2: ")
+
+
 def test_eval_prints_sacrebleu_json_and_writes_hypotheses(toy):
     hyp = toy["root"] / "eval.hyp"
     result = run_cli("eval", "translate", toy["run"], "--src-file", toy["root"] / "test.xx", "--ref-file",
@@ -146,7 +162,7 @@ def test_shared_embeddings_asked_for_with_separate_vocabularies_is_one_line(toy,
     blocker.write_text("mine")
     on_file = CliRunner().invoke(cli, ["train", "translate", "--train", str(toy["root"] / "train"), "--valid",
                                        str(toy["root"] / "valid"), "--src", "xx", "--tgt", "yy", "--out", str(blocker)])
-    assert on_file.exit_code == 2 and on_file.stderr == f"error: {blocker} exists and is not a folder; --out names the run folder\n"
+    assert on_file.exit_code == 2 and on_file.stderr == f"error: {blocker} exists and is not a folder; --out names a folder\n"
     assert blocker.read_text() == "mine"
 
 
@@ -294,6 +310,20 @@ def test_resume_names_the_model_flags_it_ignores(toy, tmp_path):
     assert json.loads((run / "config.json").read_text())["model"]["kwargs"]["d_model"] == 32
 
 
+def test_a_bare_resume_keeps_every_setting_of_the_run(toy, tmp_path):
+    """Options left out on --resume are the run's, not the command's defaults, and nothing is called ignored."""
+    import shutil
+
+    killed = tmp_path / "killed"
+    shutil.copytree(toy["run"], killed, ignore=shutil.ignore_patterns("checkpoint", "*.safetensors", "result.json"))
+    result = run_cli("train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid",
+                     "--src", "xx", "--tgt", "yy", "--out", killed, "--resume", "--no-progress", "--threads", "1")
+    assert "ignored" not in result.stderr and "other training settings" not in result.stderr, result.stderr
+    saved, started = (json.loads((run / "config.json").read_text()) for run in (killed, toy["run"]))
+    assert saved["train"] == started["train"]  # max_steps 300, lr 1e-2, warmup 20, ... not the recipe's defaults
+    assert json.loads((killed / "result.json").read_text())["steps"] == 300
+
+
 def test_a_new_run_refuses_a_folder_that_holds_one_and_leaves_it_intact(toy):
     run = toy["run"]
     before = {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()}
@@ -316,7 +346,7 @@ def test_resume_keeps_the_runs_own_seed(toy, tmp_path):
     killed = tmp_path / "killed"
     shutil.copytree(tmp_path / "seed3", killed, ignore=shutil.ignore_patterns("checkpoint", "*.safetensors",
                                                                               "result.json"))
-    result = run_cli(*args, "--out", killed, "--resume")
+    result = run_cli(*args, "--out", killed, "--resume", "--seed", "0")
     assert "resume: keeping the run's seed 3 (--seed 0 ignored)" in result.stderr
     report, original = (json.loads((run / "result.json").read_text()) for run in (killed, tmp_path / "seed3"))
     assert report["final_loss"] == pytest.approx(original["final_loss"], abs=1e-5)

@@ -96,3 +96,14 @@ def test_cli_reports_bad_corpora_as_one_line_with_exit_status_2(tmp_path):
     missing = CliRunner().invoke(cli, ["train", "translate", "--train", str(tmp_path / "nothing"), "--valid", str(valid),
                                        "--out", str(tmp_path / "run2")])
     assert missing.exit_code == 2 and "no file" in missing.stderr and "Traceback" not in missing.output
+
+
+def test_a_missing_validation_corpus_is_said_before_the_tokenizer_is_trained(tmp_path):
+    train = write_pair(tmp_path, ["a b", "c d"], ["w x", "y z"], name="train")
+    result = CliRunner().invoke(cli, ["train", "translate", "--train", str(train), "--valid", str(tmp_path / "nothing"),
+                                      "--src", "xx", "--tgt", "yy", "--out", str(tmp_path / "run"), "--no-progress"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip().splitlines() == [f"error: no file {tmp_path / 'nothing'}.xx or "
+                                                  f"{tmp_path / 'nothing'}.xx.gz (a corpus prefix names PREFIX.xx, "
+                                                  "optionally .gz)"]  # no "training BPE" line before it
+    assert not (tmp_path / "run").exists()

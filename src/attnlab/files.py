@@ -1,14 +1,17 @@
-"""Writing files so that a crash never leaves a half-written one behind.
+"""Reading text strictly, and writing files so that a crash never leaves a half-written one behind.
 
-Everything is written under a temporary name in the same folder and then renamed into place;
-``os.replace`` is atomic on POSIX, so a reader sees the old file or the new one, never a mixture.
+Text is UTF-8: bytes that are not are named by their line, never replaced. Everything is written under a
+temporary name in the same folder and then renamed into place; ``os.replace`` is atomic on POSIX, so a
+reader sees the old file or the new one, never a mixture.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +19,44 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.errors import AttnlabError
+
+
+def decode_utf8(data: bytes, name: str | Path, *, bom: bool = False) -> str:
+    """``data`` decoded as UTF-8, or an error naming ``name`` and the line of the first bad byte.
+
+    ``bom=True`` drops a leading byte-order mark (spreadsheets write one; it is not part of a column name).
+    """
+    try:
+        return data.decode("utf-8-sig" if bom else "utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise AttnlabError(f"{name} is not UTF-8 text (line {line}: {err.reason})") from None
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """The lines of a UTF-8 text file, without their line ends.
+
+    A name ending in ``.gz`` is gunzipped; ``-`` reads standard input. A final newline ends the last line
+    rather than starting an empty one, and only ``\n`` (with an optional ``\r`` before it) ends a line: form
+    feeds and other Unicode separators stay inside it, where ``str.splitlines`` would split.
+    """
+    name = "standard input" if str(path) == "-" else str(path)
+    try:
+        if str(path) == "-":
+            data = sys.stdin.buffer.read()
+        elif str(path).endswith(".gz"):
+            with gzip.open(path, "rb") as f:
+                data = f.read()
+        else:
+            data = Path(path).read_bytes()
+    except (gzip.BadGzipFile, EOFError) as err:
+        raise AttnlabError(f"{name} is not a readable gzip file ({err})") from None
+    except OSError as err:
+        raise AttnlabError(f"cannot read {name}: {err.strerror or err}") from None
+    lines = decode_utf8(data, name).split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
 
 
 def _fsync_dir(path: Path) -> None:
@@ -103,11 +144,18 @@ def recover_dir(path: str | Path) -> None:
         os.replace(old, path)
 
 
+def refuse_non_folder(path: str | Path) -> None:
+    """Refuse a ``path`` that exists and is not a folder: a command that will write a folder there says so
+    before its work (reading data, training a tokenizer), not after it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise AttnlabError(f"{path} exists and is not a folder; --out names a folder")
+
+
 def ensure_writable_dir(path: str | Path) -> Path:
     """Create ``path`` if needed and check that files can be written in it."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise AttnlabError(f"{path} exists and is not a folder")
+    refuse_non_folder(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
@@ -11,21 +10,8 @@ import torch
 
 from attnlab.cli.params import PathParam
 from attnlab.errors import AttnlabError
+from attnlab.files import read_lines
 from attnlab.tasks.classify import load_classifier
-
-
-def _stdin_lines() -> list[str]:
-    """Standard input's lines, decoded strictly: bytes that are not UTF-8 are named, not replaced."""
-    data = sys.stdin.buffer.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise AttnlabError(f"standard input is not UTF-8 text (line {line}: {err.reason})") from None
-    lines = text.split("\n")
-    if lines[-1] == "":  # the newline that ends the last line (or no input at all) starts no line of its own
-        lines.pop()
-    return [line.rstrip("\r") for line in lines]
 
 
 @click.command("predict")
@@ -40,7 +26,7 @@ def predict(run: Path, texts: tuple[str, ...], top: int, as_json: bool) -> None:
     theirs, and the text. Probabilities are the softmax of the model's scores.
     """
     clf = load_classifier(run)
-    items = list(texts) if texts else _stdin_lines()
+    items = list(texts) if texts else read_lines("-")
     if not items:
         raise AttnlabError("no text to classify: give texts as arguments or one a line on stdin")
     empty = [i for i, t in enumerate(items, 1) if not t.strip()]

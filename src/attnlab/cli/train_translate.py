@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -12,8 +13,12 @@ from attnlab.cli.translate import report_warnings
 from attnlab.errors import AttnlabError
 from attnlab.tasks.translate import RECIPE_MODEL, RECIPE_TRAIN, TranslateSettings, train_translation
 from attnlab.training import TrainConfig
+from attnlab.training.engine import config_dict
 
 _M, _T = RECIPE_MODEL, RECIPE_TRAIN
+# The settings each option sets, where their names differ (the others set the setting of their own name).
+_SETTING_KEYS = {"layers": ("num_layers",), "heads": ("num_heads",), "warmup": ("warmup_steps",),
+                 "max_positions": ("max_src_positions", "max_tgt_positions")}
 
 
 @click.command(name="translate")
@@ -89,10 +94,16 @@ def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint
     config = TrainConfig(**{**_T, "lr": lr, "warmup_steps": warmup, "schedule": schedule, "max_steps": max_steps,
                             "max_seconds": max_seconds, "ema_decay": ema_decay, "eval_every": eval_every, "seed": seed,
                             "bf16": bf16, "progress": progress})
+    # On --resume only the options given on this command line count: the run keeps its own for the rest.
+    ctx = click.get_current_context()
+    given = [name for name in ctx.params if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+    values = {k: v for k, v in asdict(settings).items() if k != "tokenizers"} | model_kwargs | config_dict(config)
+    requested = {key: values[key] for name in given for key in _SETTING_KEYS.get(name, (name,)) if key in values}
     with report_warnings():
         result = train_translation(train=train, valid=valid, out=out, settings=settings, model_kwargs=model_kwargs,
                                    share_embeddings=share_embeddings and joint_vocab, tie_output=tie_output,
-                                   train_config=config, resume=resume, log=lambda m: click.echo(m, err=True))
+                                   train_config=config, resume=resume, requested=requested,
+                                   log=lambda m: click.echo(m, err=True))
     best = result.best
     chosen = (f"best at step {best['step']}: validation BLEU {best['bleu']:.2f}, chrF {best['chrf']:.1f}, "
               f"loss {best['loss']:.3f}" if best else "no validation ran")

@@ -63,7 +63,7 @@ def translate_with_progress(translator: Any, lines: list[str], settings: Any, pr
 @click.argument("run", type=PathParam(path_type=Path))
 @click.argument("sentence", required=False)
 @click.option("--input", "input_path", type=PathParam(path_type=Path), default=None,
-              help="Translate this file, one sentence a line (.gz allowed).")
+              help="Translate this file, one sentence a line (.gz allowed; - reads standard input).")
 @click.option("--output", "output_path", type=PathParam(path_type=Path), default=None,
               help="Write the translations here, one a line (written atomically). Default: stdout.")
 @decode_options

@@ -26,7 +26,7 @@ from torch import nn
 
 from attnlab.data import UNK_ID, BPETokenizer, WordTokenizer, load_tokenizer, word_tokens
 from attnlab.errors import AttnlabError
-from attnlab.files import ensure_writable_dir, write_json_atomic
+from attnlab.files import ensure_writable_dir, refuse_non_folder, write_json_atomic
 from attnlab.nn.models import EncoderClassifier
 from attnlab.tasks.classify import TASK_NAME, ClassifyTask, encode_texts
 from attnlab.tasks.classify_features import (
@@ -399,6 +399,7 @@ def train_classifier(
     """
     started = time.perf_counter()
     out = Path(out)
+    refuse_non_folder(out)
     main = is_main_process()
     note = on_note if main else (lambda _line: None)
     saved: dict[str, Any] | None = None

@@ -28,7 +28,7 @@ from torch import Tensor
 from attnlab.checks import Contract, run_checks
 from attnlab.checks.report import CheckReport
 from attnlab.errors import AttnlabError
-from attnlab.files import atomic_path, ensure_writable_dir, write_json_atomic, write_text_atomic
+from attnlab.files import atomic_path, ensure_writable_dir, refuse_non_folder, write_json_atomic, write_text_atomic
 from attnlab.nn.models import DecoderLM
 from attnlab.tasks.lm import LMData, load_lm_data, random_windows, seeded_generator
 from attnlab.tasks.lm_train import LMSettings, train_language_model
@@ -208,9 +208,8 @@ def check_leak_experiment(text: str | Path, out: str | Path, settings: LMSetting
         raise AttnlabError(f"--sample-tokens must be at least 1, got {sample_tokens}")
     settings.train_config().validate()
     out = Path(out)
+    refuse_non_folder(out)
     if out.exists():
-        if not out.is_dir():
-            raise AttnlabError(f"--out {out} exists and is not a folder")
         found = [name + ("/" if (out / name).is_dir() else "") for name in OUT_ENTRIES if (out / name).exists()]
         if found:
             raise AttnlabError(f"{out} already holds a leak experiment or part of one ({', '.join(found)}); "

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from attnlab.data.tokenizers import BPETokenizer, CharTokenizer
 from attnlab.errors import AttnlabError
+from attnlab.files import decode_utf8
 from attnlab.training import Batch
 from attnlab.training.distributed import Place
 
@@ -61,10 +62,7 @@ def read_text(path: str | Path) -> str:
         raise AttnlabError(f"{path} is a folder, not a text file")
     if not path.is_file():
         raise AttnlabError(f"no text file {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise AttnlabError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    text = decode_utf8(path.read_bytes(), path)
     if not text:
         raise AttnlabError(f"{path} is empty")
     return text

@@ -30,7 +30,7 @@ from typing import Any
 from torch import nn
 
 from attnlab.errors import AttnlabError
-from attnlab.files import ensure_writable_dir, write_json_atomic
+from attnlab.files import ensure_writable_dir, refuse_non_folder, write_json_atomic
 from attnlab.nn.models import DecoderLM
 from attnlab.tasks.lm import (
     RESULT_FILE,
@@ -296,6 +296,7 @@ def train_language_model(
         the model holding the kept (best) weights, in eval mode, and the report.
     """
     started = time.perf_counter()
+    refuse_non_folder(out)
     if resume:  # the saved settings win: a resumed run must repeat the steps of the one it continues
         run_config = read_run_config(out, task_name)
         saved = run_config["lm"]

@@ -23,7 +23,6 @@ the target is split in two, shifted by one position, so that position ``t`` pred
 
 from __future__ import annotations
 
-import gzip
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from torch import Tensor
 
 from attnlab.data import BOS_ID, EOS_ID, PAD_ID, bucketed_batches, pad_batch
 from attnlab.errors import AttnlabError
+from attnlab.files import read_lines
 
 #: Most line numbers one message lists before it says "and N more".
 MAX_LISTED = 5
@@ -51,24 +51,6 @@ def side_path(prefix: str | Path, lang: str) -> Path:
     if zipped.is_file():
         return zipped
     raise AttnlabError(f"no file {plain} or {zipped} (a corpus prefix names PREFIX.{lang}, optionally .gz)")
-
-
-def read_lines(path: str | Path) -> list[str]:
-    """The lines of a UTF-8 text file (gzip when the name ends in ``.gz``), without their line ends."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8", newline="") as f:
-            text = f.read()
-    except UnicodeDecodeError as err:
-        raise AttnlabError(f"{path} is not UTF-8 text (byte {err.start})") from err
-    except (gzip.BadGzipFile, EOFError) as err:
-        raise AttnlabError(f"{path} is not a readable gzip file ({err})") from err
-    # splitlines() would also split on form feeds and other Unicode separators inside a sentence.
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the final newline ends the last line; it does not start another
-    return [line.removesuffix("\r") for line in lines]
 
 
 def _listed(numbers: Sequence[int]) -> str:

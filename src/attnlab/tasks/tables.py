@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.errors import AttnlabError
+from attnlab.files import decode_utf8
 
 JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 
@@ -61,10 +62,7 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
         raise AttnlabError(f"data file not found: {path}")
     if not path.is_file():
         raise AttnlabError(f"data path is not a file: {path}")
-    try:
-        raw = path.read_text(encoding="utf-8-sig")  # -sig: a spreadsheet's byte-order mark is not a column name
-    except UnicodeDecodeError as err:
-        raise AttnlabError(f"{path} is not UTF-8 text (byte {err.start} cannot be decoded)") from err
+    raw = decode_utf8(path.read_bytes(), path, bom=True)
     if path.suffix.lower() in JSON_SUFFIXES:
         rows: list[dict[str, object]] = []
         columns: dict[str, None] = {}

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from attnlab.data import BOS_ID, EOS_ID, PAD_ID, BPETokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
-from attnlab.files import write_json_atomic
+from attnlab.files import refuse_non_folder, write_json_atomic
 from attnlab.nn import Transformer, padding_mask
 from attnlab.nn.attention import KVCache
 from attnlab.tasks.decoding import DecodeSettings, translate_ids
@@ -286,25 +286,32 @@ def _same_data(saved: dict[str, str], **given: str | Path) -> None:
                                "resume needs the same data")
 
 
-def _resume_differences(run_cfg: dict[str, Any], saved: TranslateSettings, given: TranslateSettings,
-                        model_kwargs: dict[str, Any], config: TrainConfig) -> list[str]:
-    """One line for each setting of a resumed run that differs from how the run started.
+def _resumed_config(run_cfg: dict[str, Any], saved: TranslateSettings, requested: dict[str, Any],
+                    config: TrainConfig, log: Callable[[str], None]) -> TrainConfig:
+    """The engine settings a resumed run continues with, saying aloud what differs from how it started.
 
-    The data, tokenizer and model settings are the run's (what the command line says is ignored); the engine
-    settings are the command line's (a run may be given more steps or time), so a change there is said aloud:
-    a resumed run equals an uninterrupted one only with the same engine settings.
+    The data, tokenizer and model settings are the run's: a requested one that differs is named as ignored.
+    The engine settings are the run's too, except those requested (a run may be given more steps or time);
+    a change is said aloud, since a resumed run equals an uninterrupted one only with the same settings.
+    The seed stays the run's: it drew the first weights and orders every epoch's batches.
     """
-    requested = {k: v for k, v in asdict(given).items() if k != "tokenizers"} | model_kwargs
     ignored = ignored_on_resume(requested, {**asdict(saved), **run_cfg["model"]["kwargs"]},
                                 "data, tokenizer and model settings")
-    lines = [] if ignored is None else [ignored]
+    if ignored is not None:
+        log(ignored)
     started = run_cfg.get("train", {})
-    now = json.loads(json.dumps(config_dict(config)))  # as config.json holds it (tuples become lists)
-    changed = {k: v for k, v in now.items() if k != "progress" and k in started and started[k] != v}
+    if "seed" in requested and "seed" in started and requested["seed"] != started["seed"]:
+        log(f"resume: keeping the run's seed {started['seed']} (--seed {requested['seed']} ignored)")
+    engine = {f.name for f in fields(TrainConfig)} - {"seed", "progress"}
+    kept = {k: tuple(v) if isinstance(v, list) else v for k, v in started.items() if k in engine | {"seed"}}
+    resumed = replace(config, **{**kept, **{k: v for k, v in requested.items() if k in engine}})
+    now = json.loads(json.dumps(config_dict(resumed)))  # as config.json holds it (tuples become lists)
+    changed = {k: v for k, v in now.items() if k in engine and k in started and started[k] != v}
     if changed:
-        lines.append("resume: continuing with other training settings than before: "
-                     + ", ".join(f"{k} {started[k]!r} -> {v!r}" for k, v in sorted(changed.items())))
-    return lines
+        log("resume: continuing with other training settings than before: "
+            + ", ".join(f"{k} {started[k]!r} -> {v!r}" for k, v in sorted(changed.items())))
+    resumed.validate()
+    return resumed
 
 
 def train_translation(
@@ -318,30 +325,29 @@ def train_translation(
     tie_output: bool = True,
     train_config: TrainConfig | None = None,
     resume: bool = False,
+    requested: dict[str, Any] | None = None,
     log: Callable[[str], None] = print,
 ) -> TrainResult:
     """Train (or resume) a translation run in ``out`` and return the engine's summary.
 
     A fresh run trains the tokenizer(s) on the training side, writes them and ``config.json``, then
-    trains; ``resume=True`` reads both back from ``out`` and continues from its checkpoint.
+    trains; ``resume=True`` reads both back from ``out`` and continues from its checkpoint, with the
+    run's settings except the engine settings named in ``requested`` (by field name: what a command line
+    gave; ``None`` counts every field of ``settings``, ``model_kwargs`` and ``train_config`` as given).
     """
     out = Path(out)
     config = train_config or TrainConfig(**RECIPE_TRAIN)
     config.validate()  # before anything is written: a bad setting leaves no half-made run
     existed = out.exists()  # a run that fails before its first checkpoint removes the folder only if it made it
-    if existed and not out.is_dir():  # said now, not after the BPE training
-        raise AttnlabError(f"{out} exists and is not a folder; --out names the run folder")
+    refuse_non_folder(out)
     if resume:
         run_cfg = read_run_config(out, TASK)
         saved = TranslateSettings.from_dict(run_cfg["settings"])
-        started_seed = run_cfg.get("train", {}).get("seed")
-        if started_seed is not None and started_seed != config.seed:
-            # The seed belongs to the run: it drew the first weights and orders every epoch's batches.
-            log(f"resume: keeping the run's seed {started_seed} (--seed {config.seed} ignored)")
-            config = replace(config, seed=started_seed)
         _same_data(run_cfg.get("data", {}), train=train, valid=valid)
-        for line in _resume_differences(run_cfg, saved, settings, model_kwargs or {}, config):
-            log(line)
+        if requested is None:
+            requested = ({k: v for k, v in asdict(settings).items() if k != "tokenizers"} | (model_kwargs or {})
+                         | config_dict(config))
+        config = _resumed_config(run_cfg, saved, requested, config, log)
         settings = saved
         model_kwargs = {k: run_cfg["model"]["kwargs"][k] for k in ("max_src_positions", "max_tgt_positions")}
         src_tok, tgt_tok = load_tokenizers(out, settings)
@@ -352,6 +358,7 @@ def train_translation(
         if share_embeddings and not settings.joint_vocab:
             raise AttnlabError("shared embeddings need the joint vocabulary (--joint-vocab) or --no-share-embeddings")
         src_lines, tgt_lines = read_parallel(train, settings.src, settings.tgt)
+        read_parallel(valid, settings.src, settings.tgt)  # a missing or broken one is said now, not after the BPE
         log(f"training BPE ({'joint' if settings.joint_vocab else 'separate'}, {settings.vocab_size}) "
             f"on {len(src_lines)} training pairs")
         src_tok, tgt_tok = train_tokenizers(src_lines, tgt_lines, settings)
@@ -434,9 +441,13 @@ def load_translator(run: str | Path) -> Translator:
 
 
 def read_sentences(path: str | Path) -> list[str]:
-    """A one-sentence-a-line file (``.gz`` allowed), empty lines reported with their numbers."""
+    """A one-sentence-a-line file (``.gz`` allowed; ``-``: standard input), empty lines reported with their
+    numbers (dropping them would shift every later translation against its source line)."""
     lines = read_lines(path)
-    check_nonempty(lines, path)
+    name = "standard input" if str(path) == "-" else path
+    if not lines:
+        raise AttnlabError(f"{name} holds no sentences")
+    check_nonempty(lines, name)
     return lines
 
 
