@@ -13,6 +13,7 @@ from attnlab.nn import (
     FeedForward,
     KVCache,
     MultiHeadAttention,
+    RotaryEmbedding,
     attention_reference,
     causal_mask,
     from_keep_mask,
@@ -194,7 +195,7 @@ def test_wrong_memory_width_is_named(norm_first):
     lambda: DecoderLayer(16, 0, 32),
 ])
 def test_zero_heads_is_an_error(make):
-    with pytest.raises(AttnlabError, match="num_heads must be >= 1, got 0"):
+    with pytest.raises(AttnlabError, match="num_heads must be a whole number >= 1, got 0"):
         make()
 
 
@@ -219,3 +220,31 @@ def test_docs_match_dropout_weights_and_per_head_masks():
         out, w = EncoderLayer(16, 2, 32).eval()(torch.randn(3, 4, 16), attend_mask=per_head, need_weights=True)
     assert out.shape == (3, 4, 16) and float(w.masked_select(~per_head.expand(3, -1, -1, -1)).abs().sum()) == 0.0
     assert "(batch or 1, heads or 1, seq or 1, keys)" in EncoderLayer.forward.__doc__
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: MultiHeadAttention(8, 2.0), "num_heads must be a whole number >= 1, got 2.0"),
+    (lambda: MultiHeadAttention(0, 1), "d_model must be a whole number >= 1, got 0"),
+    (lambda: MultiHeadAttention(-4, 2), "d_model must be a whole number >= 1, got -4"),
+    (lambda: MultiHeadAttention(8, 2, head_dim=0), "head_dim must be a whole number >= 1, got 0"),
+    # A table of another width would rotate the wrong pairs (2 wide: one frequency for all) or fail in torch.
+    (lambda: MultiHeadAttention(8, 2, rotary=RotaryEmbedding(2, 16)), "the rotary embedding is 2 wide but each "
+                                                                       r"head is 4 wide; build it as RotaryEmbedding\(4,"),
+    (lambda: MultiHeadAttention(8, 2, rotary=RotaryEmbedding(8, 16)), "the rotary embedding is 8 wide"),
+])
+def test_sizes_that_cannot_make_heads_are_named(make, message):
+    with pytest.raises(AttnlabError, match=message):
+        make()
+
+
+def test_a_decoder_layer_without_memory_is_refused_not_turned_into_self_attention():
+    with pytest.raises(AttnlabError, match="a decoder layer needs memory"):
+        DecoderLayer(8, 2, 16).eval()(torch.randn(1, 4, 8), None)
+
+
+def test_a_cache_refuses_positions_of_another_batch():
+    mha, cache = MultiHeadAttention(8, 2).eval(), KVCache()
+    mha(torch.randn(2, 3, 8), cache=cache)
+    with pytest.raises(AttnlabError, match="this cache holds a batch of 2, the new positions a batch of 3"):
+        mha(torch.randn(3, 1, 8), cache=cache)
+    assert len(cache) == 3  # unchanged by the refused call

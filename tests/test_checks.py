@@ -89,6 +89,9 @@ def test_the_input_is_described_by_shape_and_row_lengths_per_side():
     ({"kind": "encoder", "vocab_size": 3}, "vocab size"),
     ({"kind": "encoder", "max_length": 2}, "max length"),
     ({"kind": "encoder", "pad_id": 32}, "pad id 32"),
+    ({"kind": "encoder", "pad_id": 1.5}, "pad_id must be a whole number or None, got 1.5"),
+    ({"kind": "encoder", "vocab_size": 8.5}, "vocab_size must be a whole number, got 8.5"),
+    ({"kind": "encoder", "max_length": True}, "max_length must be a whole number, got True"),
 ])
 def test_contract_rejects_what_the_checks_cannot_use(kwargs, message):
     with pytest.raises(AttnlabError, match=message):
@@ -638,3 +641,57 @@ def test_a_constant_output_is_not_reported_as_permuted():
 
     result = run_checks(constant, Contract("encoder"), seeds=1, only=["order-sensitivity"]).results[0]
     assert result.failed and "the output is the same at every position and did not change" in result.summary
+
+
+def test_a_model_random_in_eval_mode_is_blamed_on_its_mode_not_on_masks():
+    """Noise in eval mode makes any two calls differ: the comparing checks skip and name mode, which fails."""
+    torch.manual_seed(0)
+    lm = DecoderLM(32, 16, 1, 2, max_positions=16, pad_id=0).eval()
+
+    def noisy(ids):
+        return torch.nn.functional.dropout(lm(ids), 0.3, training=True)
+
+    report = run_checks(noisy, Contract("decoder"), seeds=2)
+    status = {r.name: r.status for r in report.results}
+    assert status["mode"] == "fail" and status["finite-outputs"] == "pass"
+    for name in ("causal", "padding-invariance", "padding-content", "batch-independence", "inference-path"):
+        assert status[name] == "skip", (name, status)
+        assert "eval mode gave one input two different outputs" in report.result(name).summary
+    alone = run_checks(noisy, Contract("decoder"), seeds=2, only=["causal"])  # without mode to say why
+    assert alone.results[0].status == "fail" and "see mode" in alone.results[0].summary
+    assert not run_checks(lm, Contract("decoder"), seeds=2).failed  # the same model without the noise
+
+
+@pytest.mark.filterwarnings("ignore:std\\(\\)")  # the 0/0 the model under test is built to make
+def test_a_model_that_fails_only_past_the_short_rows_or_alone_in_its_batch_is_caught():
+    torch.manual_seed(0)
+    lm = DecoderLM(32, 16, 1, 2, max_positions=16, pad_id=0).eval()
+
+    def long_leak(ids):  # the look-ahead mask is dropped for rows longer than 8 (the checks' short rows)
+        return lm(ids) if ids.shape[1] <= 8 else lm.lm_head(lm.body(ids)[0])  # the stack with no mask at all
+
+    report = run_checks(long_leak, Contract("decoder", max_length=16), seeds=1, only=["causal", "padding-invariance"])
+    assert [r.status for r in report.results] == ["fail", "fail"], report.results
+
+    def batch_std(ids):  # NaN for a batch of one (an unbiased std over one row)
+        return lm(ids) * (ids.float().std(0, keepdim=True)[..., None] * 0 + 1)
+
+    finite = run_checks(batch_std, Contract("decoder"), seeds=1, only=["finite-outputs"]).results[0]
+    assert finite.status == "fail" and "row alone" in finite.summary
+
+
+def test_ids_are_drawn_from_a_vocabulary_of_any_size_without_a_table_of_it():
+    from attnlab.checks.inputs import distinct_tokens, generator, other_tokens, random_tokens
+
+    huge = Contract("decoder", vocab_size=2**31 - 1, pad_id=5)
+    gen = generator("test", 0)
+    ids = random_tokens(gen, huge, 4, 6)
+    assert ids.shape == (4, 6) and not (ids == 5).any() and int(ids.max()) < 2**31 - 1
+    distinct = distinct_tokens(gen, huge, 12)
+    assert len(set(distinct.tolist())) == 12 and 5 not in distinct.tolist()
+    other = other_tokens(gen, huge, ids)
+    assert not (other == ids).any() and not (other == 5).any()
+    small = Contract("decoder", vocab_size=4, pad_id=1)  # real ids 0, 2, 3: every draw stays among them
+    draws = torch.cat([random_tokens(gen, small, 50), other_tokens(gen, small, torch.tensor([0, 2, 3] * 10)),
+                       distinct_tokens(gen, small, 7)])
+    assert set(draws.tolist()) == {0, 2, 3}

@@ -57,3 +57,10 @@ def test_an_out_that_is_a_file_is_refused_before_the_data_is_read(command, tmp_p
         f"error: {tmp_path / 'file'} exists and is not a folder; --out names a folder"
     assert "data:" not in result.output and "schedule:" not in result.output  # nothing read or measured first
     assert (tmp_path / "file").read_text() == "keep me"
+
+
+def test_help_shows_the_range_of_bounded_floats_and_nothing_for_unbounded_ones():
+    for args in (["train", "lm"], ["train", "classify"], ["generate"], ["train", "translate"]):
+        text = CliRunner().invoke(cli, [*args, "--help"]).output
+        assert "None" not in text, (args, text)
+    assert "0<=x<1]" in CliRunner().invoke(cli, ["train", "translate", "--help"]).output  # --dropout keeps its range

@@ -227,3 +227,13 @@ def test_causal_mask_of_a_non_length_is_named(args):
 
     with pytest.raises(AttnlabError, match="causal mask takes whole numbers of queries and keys"):
         causal_mask(*args)
+
+
+def test_additive_masks_need_a_floating_dtype_and_the_decoder_mask_ids_of_rank_two():
+    from attnlab.nn.masks import decoder_self_mask, to_additive_mask
+
+    for dtype in (torch.bool, torch.int64):  # bool came out inverted (True where hidden), int64 failed in torch
+        with pytest.raises(AttnlabError, match=f"to_additive_mask needs a floating dtype.*got {dtype}"):
+            to_additive_mask(causal_mask(3), dtype=dtype)
+    with pytest.raises(AttnlabError, match=r"token ids must be \(batch, seq\), got shape \(5,\)"):
+        decoder_self_mask(torch.ones(5, dtype=torch.long))

@@ -193,7 +193,7 @@ def test_padding_cannot_enter_a_cache_and_pad_ids_must_be_real_ids():
     for bad in (None, 20, -1):
         with pytest.raises(AttnlabError, match="pad_id must be an id of both vocabularies"):
             Transformer(12, 15, 16, 1, 2, 32, pad_id=bad)
-    with pytest.raises(AttnlabError, match="pad_id must be None or an id of the vocabulary"):
+    with pytest.raises(AttnlabError, match=r"pad_id must be an id of the vocabulary \(or None\)"):
         DecoderLM(20, 16, 1, 2, pad_id=20)
 
 
@@ -261,3 +261,32 @@ def test_tied_and_shared_embeddings():
     assert model.output.weight is model.encoder.embed.tokens.weight
     with pytest.raises(AttnlabError, match="one vocabulary"):
         Transformer(40, 41, 16, 1, 2, 32, share_embeddings=True)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Transformer(20, 22, 8, 1, 2, 16, num_decoder_layers=-1), "num_layers must be a whole number >= 0, got -1"),
+    (lambda: DecoderLM(20, 8, 1.5, 2), "num_layers must be a whole number >= 0, got 1.5"),
+    (lambda: EncoderClassifier(20, 3, 8, 1, 2, 16, pad_id=50), r"pad_id must be an id of the vocabulary \(0..19\)"),
+    (lambda: EncoderClassifier(20, 3, 8, 1, 2, 16, pad_id=None), "pad_id must be an id of the vocabulary"),
+    (lambda: EncoderClassifier(20, 3, 8, 1, 2, 16, pad_id=-1), "got -1"),
+    # The head count that does not divide the width is the problem, not the odd head width it would give.
+    (lambda: DecoderLM(20, 10, 1, 3, positions="rotary"), "d_model=10 is not divisible by num_heads=3"),
+])
+def test_models_that_cannot_be_built_as_asked_are_refused(make, message):
+    with pytest.raises(AttnlabError, match=message):
+        make()
+
+
+def test_num_decoder_layers_is_taken_as_given():
+    model = Transformer(20, 22, 8, 1, 2, 16, num_decoder_layers=3)
+    assert (len(model.encoder.layers), len(model.decoder.layers)) == (1, 3)
+    assert len(Transformer(20, 22, 8, 1, 2, 16, num_decoder_layers=0).decoder.layers) == 0  # was num_layers
+    assert DecoderLM(20, 8, 0, 2)(torch.ones(1, 3, dtype=torch.long)).shape == (1, 3, 20)  # embeddings alone
+
+
+def test_ids_of_the_wrong_rank_and_empty_caches_are_named():
+    ids = torch.ones(2, 5, dtype=torch.long)
+    with pytest.raises(AttnlabError, match=r"token ids must be \(batch, seq\), got shape \(5,\)"):
+        Transformer(20, 22, 8, 1, 2, 16).eval()(ids, ids[0])
+    with pytest.raises(AttnlabError, match=r"caches has 0 entries, the stack has 1 layers"):
+        DecoderLM(20, 8, 1, 2).eval()(ids, caches=[])

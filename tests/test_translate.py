@@ -67,6 +67,8 @@ def test_training_reaches_exact_match_decoding_on_held_out_sentences(toy):
     assert summary["steps"] == 300 and summary["best"]["bleu"] > 90
     last = toy["train_output"].strip().splitlines()[-1]  # the same figures, said in one line
     assert last.startswith("300 steps in ") and f"validation BLEU {summary['best']['bleu']:.2f}" in last
+    assert "source and target tokens/s" in last  # what the engine counts: real tokens on both sides
+    assert "config.json, tokenizer.json, metrics.jsonl" in toy["train_output"]  # the files written, by name
     src, ref = toy["test"]
     out = toy["root"] / "test.hyp"
     run_cli("translate", toy["run"], "--input", toy["root"] / "test.xx", "--output", out, "--beam", "1", "--no-progress")
@@ -217,6 +219,12 @@ def test_leaky_model_wins_under_teacher_forcing_and_collapses_free_running(tmp_p
     again = CliRunner().invoke(cli, [str(a) for a in ("experiment", "teacher-forcing", "--train", tmp_path / "train",
                                                       "--valid", tmp_path / "valid", "--out", tmp_path / "r3")])
     assert again.exit_code == 2 and "measure it again with --correct" in again.stderr
+    (tmp_path / "a-file").write_text("mine")
+    on_file = CliRunner().invoke(cli, [str(a) for a in ("experiment", "teacher-forcing", "--valid", tmp_path / "valid",
+                                                        "--correct", runs["correct"], "--leaky", runs["leaky"], "--out",
+                                                        tmp_path / "a-file", "--threads", "1", "--seed", "2")])
+    assert on_file.exit_code == 2 and on_file.stderr == (f"error: {tmp_path / 'a-file'} exists and is not a folder; "
+                                                         "--out names a folder\n")
 
 
 def test_overlong_source_is_truncated_with_a_warning(toy):

@@ -2,7 +2,8 @@
 
 Per seed, a row is run among two random rows at index 0, then among three other random rows at index 2
 (same width, so only its neighbours and its index change). Its real outputs must agree. Catches
-statistics taken across the batch (a hand-written batch norm, or one left in train mode), a (B,1,S)
+statistics taken across the batch (a hand-written batch norm, or ``F.batch_norm`` called with
+``training=True``: an ``nn.BatchNorm`` module is put in eval mode with the rest of the model), a (B,1,S)
 mask added to (B,S) scores that pairs every sequence with every other's mask (seed 000, change 9), and
 masks repeated head-major where the scores are batch-major. Rows are padded when there is a pad id.
 A seed whose outputs are not finite is left out; with none left the check skips (see finite-outputs).

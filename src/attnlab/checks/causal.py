@@ -7,13 +7,17 @@ attend to everything). Runs on decoders and on the target side of seq2seq models
 
 Inputs per seed: a batch of ``T - 1`` unpadded rows of width ``T`` (2..8); row ``r`` is changed at every
 position after ``r`` and its outputs at positions ``0..r`` are compared, so each seed tests every cut,
-the cut after position 0 included. A comparison with a non-finite output decides nothing and is left
-out; with none left the check skips (see finite-outputs).
+the cut after position 0 included. Then, when the contract allows longer rows, three rows of the
+longest length, cut before the last position and at two random places: a mask that is built only for
+short inputs (or a cache or window that takes over past some length) must not pass. A comparison with a
+non-finite output decides nothing and is left out; with none left the check skips (see finite-outputs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import torch
 
 from attnlab.checks.calling import ModelUnderTest
 from attnlab.checks.compare import TOLERANCE, Tally
@@ -23,6 +27,35 @@ from attnlab.checks.result import CheckResult
 NAME = "causal"
 
 
+def _cut_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int, width: int, cuts: list[int],
+               tally: Tally) -> CheckResult | None:
+    """Rows of ``width``, row ``i`` changed after position ``cuts[i]``; a failure, or None."""
+    contract = mut.contract
+    ids = random_tokens(gen, contract, len(cuts), width)
+    changed = ids.clone()
+    for i, r in enumerate(cuts):
+        changed[i, r + 1:] = other_tokens(gen, contract, ids[i, r + 1:])
+    src = random_source(gen, contract, len(cuts))
+    before, after = mut.outputs(ids, src), mut.outputs(changed, src)
+    for i, r in enumerate(cuts):
+        diff = mut.compare(before[i, : r + 1], after[i, : r + 1])
+        if not tally.judge(diff) or diff.same:
+            continue
+        side = "target " if src is not None else ""
+        evidence = {
+            "seed": seed, "cut": r, "input": ids[i], "changed_input": changed[i],
+            "positions": [p[0] for p in diff.positions], "max_diff": diff.max_diff, "bound": diff.bound,
+        }
+        if src is not None:
+            evidence["source"] = src[i]
+        summary = (
+            f"seed {seed}: changing {side}tokens after position {r} changed the output at position(s) "
+            f"{evidence['positions']} by up to {diff}; input {ids[i].tolist()} -> {changed[i].tolist()}"
+        )
+        return CheckResult(NAME, "fail", summary, TOLERANCE.describe(), done, evidence)
+    return None
+
+
 def check_causal(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
     """Run the causal check over ``seeds``; see the module docstring."""
     contract, tol = mut.contract, TOLERANCE.describe()
@@ -30,32 +63,14 @@ def check_causal(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
         return CheckResult(NAME, "skip", "an encoder may look at every position", tol)
     if not mut.per_position:
         return CheckResult(NAME, "skip", "pooled output: no positions to compare", tol)
-    tally = Tally()
+    tally, longest = Tally(), contract.max_length
     for done, seed in enumerate(seeds, 1):
         mut.seed, gen = seed, generator(NAME, seed)
         width = randint(gen, 2, short_width(contract))
-        ids = random_tokens(gen, contract, width - 1, width)
-        changed = ids.clone()
-        for r in range(width - 1):
-            changed[r, r + 1:] = other_tokens(gen, contract, ids[r, r + 1:])
-        src = random_source(gen, contract, width - 1)
-        before, after = mut.outputs(ids, src), mut.outputs(changed, src)
-        for r in range(width - 1):
-            diff = mut.compare(before[r, : r + 1], after[r, : r + 1])
-            if not tally.judge(diff):
-                continue
-            if not diff.same:
-                side = "target " if src is not None else ""
-                evidence = {
-                    "seed": seed, "cut": r, "input": ids[r], "changed_input": changed[r],
-                    "positions": [p[0] for p in diff.positions], "max_diff": diff.max_diff, "bound": diff.bound,
-                }
-                if src is not None:
-                    evidence["source"] = src[r]
-                summary = (
-                    f"seed {seed}: changing {side}tokens after position {r} changed the output at position(s) "
-                    f"{evidence['positions']} by up to {diff}; input {ids[r].tolist()} -> "
-                    f"{changed[r].tolist()}"
-                )
-                return CheckResult(NAME, "fail", summary, tol, done, evidence)
+        failed = _cut_trial(mut, gen, seed, done, width, list(range(width - 1)), tally)  # every cut of a short row
+        if failed is None and longest > short_width(contract):
+            cuts = sorted({longest - 2, randint(gen, 0, longest - 2), randint(gen, 0, longest - 2)})
+            failed = _cut_trial(mut, gen, seed, done, longest, cuts, tally)
+        if failed is not None:
+            return failed
     return tally.verdict(NAME, tol, len(seeds), "no output moved when later tokens changed")

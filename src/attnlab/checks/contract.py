@@ -45,6 +45,11 @@ class Contract:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise AttnlabError(f"unknown model kind {self.kind!r}; use one of {', '.join(KINDS)}")
+        for name in ("pad_id", "vocab_size", "max_length"):  # 8.5 would reach torch.randint as a bound
+            value = getattr(self, name)
+            if not (value is None and name == "pad_id") and (isinstance(value, bool) or not isinstance(value, int)):
+                raise AttnlabError(f"{name} must be a whole number{' or None' if name == 'pad_id' else ''}, "
+                                   f"got {value!r}")
         if not MIN_VOCAB_SIZE <= self.vocab_size <= MAX_VOCAB_SIZE:
             raise AttnlabError(f"vocab size must be between {MIN_VOCAB_SIZE} and {MAX_VOCAB_SIZE:,} for the checks, "
                                f"got {self.vocab_size}")

@@ -1,10 +1,10 @@
 """Finite outputs: no NaN or infinity on any input the contract allows.
 
-Per seed, two batches. The first mixes a full-length row, a padded row and, when the contract allows
+Per seed, three batches. The first mixes a full-length row, a padded row and, when the contract allows
 empty rows, a row made only of padding (for seq2seq: an empty source in one row, an empty target in
 another); without a pad id it is full-length rows. The second holds unpadded rows of the longest
-allowed length. Every output value counts, padding positions included, because a NaN there still
-poisons a loss that is masked by multiplication. Catches a padding mask turned the wrong way (seed 004:
+allowed length; the third is one row alone (a batch of one). Every output value counts, padding
+positions included, because a NaN there still poisons a loss that is masked by multiplication. Catches a padding mask turned the wrong way (seed 004:
 the real words are hidden, so a full-length row has nothing left to attend to and ``softmax`` of all
 ``-inf`` is 0/0) and look-ahead masks that hide a whole query row. No tolerance: a value is finite or
 it is not.
@@ -56,7 +56,11 @@ def _cases(gen: torch.Generator, contract: Contract) -> list[tuple[str, Tensor, 
         first = ("full, padded and empty rows" if empty else "full and padded rows", ids, None, names)
     last = (f"rows of the longest length ({longest})", random_tokens(gen, contract, 2, longest),
             random_tokens(gen, contract, 2, longest) if seq2seq else None, ["longest row"] * 2)
-    return [first, last]
+    # A statistic over the batch (a std, an unbiased variance) is 0/0 for a batch of one: generation and
+    # single-sentence serving feed exactly that.
+    alone = ("a batch of one row", random_tokens(gen, contract, 1, randint(gen, 1, short)),
+             random_tokens(gen, contract, 1, randint(gen, 1, short)) if seq2seq else None, ["row alone"])
+    return [first, last, alone]
 
 
 def check_finite_outputs(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:

@@ -33,34 +33,52 @@ def randint(gen: torch.Generator, low: int, high: int) -> int:
     return int(torch.randint(low, high + 1, (1,), generator=gen))
 
 
-def real_ids(contract: Contract) -> Tensor:
-    """(n,) every id a real token may hold: the vocabulary without the pad id."""
-    ids = torch.arange(contract.vocab_size)
-    return ids if contract.pad_id is None else ids[ids != contract.pad_id]
+def _real_count(contract: Contract) -> int:
+    """How many ids a real token may hold: the vocabulary without the pad id."""
+    return contract.vocab_size - (contract.pad_id is not None)
+
+
+def _real_id(contract: Contract, index: Tensor) -> Tensor:
+    """The ``index``-th real id (0-based, the pad id skipped): arithmetic, so that a vocabulary of two
+    billion ids costs no table."""
+    return index if contract.pad_id is None else index + (index >= contract.pad_id).long()
+
+
+def _real_index(contract: Contract, ids: Tensor) -> Tensor:
+    """The inverse of :func:`_real_id` on real ids."""
+    return ids if contract.pad_id is None else ids - (ids > contract.pad_id).long()
+
+
+#: Up to this many real ids, distinct ones come from a permutation of all of them; above, by drawing again.
+PERMUTED_AT_MOST = 1 << 22
 
 
 def random_tokens(gen: torch.Generator, contract: Contract, *shape: int) -> Tensor:
     """Real tokens (never the pad id) of the given shape, as a LongTensor."""
-    pool = real_ids(contract)
-    return pool[torch.randint(len(pool), shape, generator=gen)]
+    return _real_id(contract, torch.randint(_real_count(contract), shape, generator=gen))
 
 
 def distinct_tokens(gen: torch.Generator, contract: Contract, n: int) -> Tensor:
     """(n,) real tokens, all different when the vocabulary allows and never all the same, so that a
     reordering can change them."""
-    pool = real_ids(contract)
-    tokens = pool[torch.randperm(len(pool), generator=gen)]
+    count = _real_count(contract)
+    if count > PERMUTED_AT_MOST:  # n is a row's length, far below count: a repeat is rare and drawn again
+        picked: list[int] = []
+        while len(picked) < n:
+            candidate = int(torch.randint(count, (1,), generator=gen))
+            picked += [] if candidate in picked else [candidate]
+        return _real_id(contract, torch.tensor(picked))
+    index = torch.randperm(count, generator=gen)
     # A small vocabulary is cycled (at least 3 real ids, see Contract) and the result shuffled.
-    return tokens[torch.arange(n) % len(pool)][torch.randperm(n, generator=gen)]
+    return _real_id(contract, index[torch.arange(n) % count][torch.randperm(n, generator=gen)])
 
 
 def other_tokens(gen: torch.Generator, contract: Contract, old: Tensor) -> Tensor:
     """Real tokens of ``old``'s shape that differ from ``old`` at every position."""
-    pool = real_ids(contract)
-    # A random non-zero shift inside the pool of real ids: never the same token, never the pad.
-    index = torch.searchsorted(pool, old)
-    shift = torch.randint(1, len(pool), old.shape, generator=gen)
-    return pool[(index + shift) % len(pool)]
+    count = _real_count(contract)
+    # A random non-zero shift among the real ids: never the same token, never the pad.
+    shift = torch.randint(1, count, old.shape, generator=gen)
+    return _real_id(contract, (_real_index(contract, old) + shift) % count)
 
 
 def pad_rows(rows: list[Tensor], width: int, pad_id: int | None) -> Tensor:

@@ -74,3 +74,22 @@ def check_mode(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
     return CheckResult(NAME, "note", "eval mode deterministic; train mode gives the same output twice: the model "
                        f"has no dropout (reported, not failed){tally.note}", tol, len(seeds),
                        {"train_max_diff": train_moved})
+
+
+def eval_randomness(mut: ModelUnderTest, seed: int) -> str | None:
+    """Why comparing two calls of the model decides nothing, or None: eval mode giving one input two outputs.
+
+    Run before the comparing checks, which would otherwise blame the noise on a mask or a position ("changing
+    tokens after position 0 changed the output"). A model that raises or returns something unusable is
+    left to the checks themselves, which report it with the input.
+    """
+    ids, _, src = padded_batch(generator(NAME, seed), mut.contract)
+    try:
+        with mode(mut.model, training=False):
+            diff = _twice(mut, ids, src, seed)
+    except Exception:  # noqa: BLE001 - reported by every check that calls the model
+        return None
+    if not diff.finite or diff.same:
+        return None
+    return (f"eval mode gave one input two different outputs (by up to {diff}), so comparing two calls decides "
+            "nothing; see mode")

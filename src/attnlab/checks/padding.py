@@ -11,7 +11,8 @@
   each side for seq2seq) and, on a causal side, the ids under the padding (a causal model cannot see
   them, so the contract lets them hold anything). Catches masks that are built but not applied.
 
-Both need a pad id and are skipped without one. Widths 2..8, rows of length 1 or more, right padding.
+Both need a pad id and are skipped without one. Widths 2..8, rows of length 1 or more, right padding;
+padding invariance also pads to the longest length the contract allows, once a seed.
 A comparison with a non-finite output is left out; with none left the check skips (see finite-outputs).
 """
 
@@ -54,32 +55,44 @@ def _fail(name: str, seed: int, done: int, what: str, row: int, diff: Difference
     return CheckResult(name, "fail", summary, TOLERANCE.describe(), done, evidence)
 
 
+def _alone_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int, tgt_width: int, src_width: int,
+                 tally: Tally) -> CheckResult | None:
+    """Each of :data:`ROWS` rows alone, then padded to ``tgt_width`` in one batch; a failure, or None."""
+    contract = mut.contract
+    seq2seq = contract.kind == "seq2seq"
+    tgt_rows = _rows(gen, contract, tgt_width, padded=True)
+    src_rows = _rows(gen, contract, src_width, padded=True) if seq2seq else []
+    tgt = pad_rows(tgt_rows, tgt_width, contract.pad_id)
+    src = pad_rows(src_rows, src_width, contract.pad_id) if seq2seq else None
+    batch = mut.outputs(tgt, src)
+    for i, row in enumerate(tgt_rows):
+        alone = mut.outputs(row[None], src_rows[i][None] if seq2seq else None)
+        diff = mut.compare(mut.positions(alone, 0, len(row)), mut.positions(batch, i, len(row)))
+        if not tally.judge(diff) or diff.same:
+            continue
+        inputs = {"alone": row, "padded_batch": tgt}
+        if seq2seq:
+            inputs.update(source_alone=src_rows[i], padded_source_batch=src)
+        source = f" (source {src_rows[i].tolist()})" if seq2seq else ""
+        what = f"row {row.tolist()}{source} alone vs padded in a batch of {ROWS}"
+        return _fail(INVARIANCE, seed, done, what, i, diff, inputs)
+    return None
+
+
 def check_padding_invariance(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
     """Run the padding invariance check over ``seeds``; see the module docstring."""
     contract, tol = mut.contract, TOLERANCE.describe()
     if contract.pad_id is None:
         return CheckResult(INVARIANCE, "skip", "no pad id: the model takes no padding", tol)
-    seq2seq, tally = contract.kind == "seq2seq", Tally()
+    tally, short, longest = Tally(), short_width(contract), contract.max_length
     for done, seed in enumerate(seeds, 1):
         mut.seed, gen = seed, generator(INVARIANCE, seed)
-        tgt_width, src_width = randint(gen, 2, short_width(contract)), randint(gen, 2, short_width(contract))
-        tgt_rows = _rows(gen, contract, tgt_width, padded=True)
-        src_rows = _rows(gen, contract, src_width, padded=True) if seq2seq else []
-        tgt = pad_rows(tgt_rows, tgt_width, contract.pad_id)
-        src = pad_rows(src_rows, src_width, contract.pad_id) if seq2seq else None
-        batch = mut.outputs(tgt, src)
-        for i, row in enumerate(tgt_rows):
-            alone = mut.outputs(row[None], src_rows[i][None] if seq2seq else None)
-            diff = mut.compare(mut.positions(alone, 0, len(row)), mut.positions(batch, i, len(row)))
-            if not tally.judge(diff):
-                continue
-            if not diff.same:
-                inputs = {"alone": row, "padded_batch": tgt}
-                if seq2seq:
-                    inputs.update(source_alone=src_rows[i], padded_source_batch=src)
-                source = f" (source {src_rows[i].tolist()})" if seq2seq else ""
-                what = f"row {row.tolist()}{source} alone vs padded in a batch of {ROWS}"
-                return _fail(INVARIANCE, seed, done, what, i, diff, inputs)
+        tgt_width, src_width = randint(gen, 2, short), randint(gen, 2, short)
+        failed = _alone_trial(mut, gen, seed, done, tgt_width, src_width, tally)
+        if failed is None and longest > short:  # and once more padded to the longest length
+            failed = _alone_trial(mut, gen, seed, done, longest, longest, tally)
+        if failed is not None:
+            return failed
     return tally.verdict(INVARIANCE, tol, len(seeds), "alone and padded in a batch agree")
 
 

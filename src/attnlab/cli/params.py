@@ -35,3 +35,7 @@ class FiniteFloat(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
+
+    def _describe_range(self) -> str:
+        # Without bounds click would print "x<=None" in --help; there is no range to show.
+        return "" if self.min is None and self.max is None else super()._describe_range()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from attnlab.cli import SEED
 from attnlab.cli.params import FiniteFloat, PathParam
 from attnlab.cli.translate import report_warnings
 
@@ -40,17 +41,24 @@ def _markdown(rows: list[dict]) -> str:
 @click.option("--max-steps", type=click.IntRange(min=1), default=1_000_000, show_default=True)
 @click.option("--eval-every", type=click.IntRange(min=1), default=500, show_default=True)
 @click.option("--vocab-size", type=click.IntRange(min=1), default=10000, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True, help="The seed of both models (the same weights to start).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch CPU threads (default: torch's choice).")
 @click.option("--progress/--no-progress", default=True)
 def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path, correct: Path | None,
                     leaky: Path | None, max_seconds: float, max_steps: int, eval_every: int, vocab_size: int,
-                    progress: bool) -> None:
+                    seed: int, threads: int | None, progress: bool) -> None:
     """Report validation loss under teacher forcing next to free-running BLEU, with and without the look-ahead mask."""
+    import torch
+
     from attnlab.errors import AttnlabError
-    from attnlab.files import write_json_atomic, write_text_atomic
+    from attnlab.files import refuse_non_folder, write_json_atomic, write_text_atomic
     from attnlab.tasks.translate import RECIPE_TRAIN, TranslateSettings, teacher_forcing_rows, train_translation
     from attnlab.training import TrainConfig
     from attnlab.training.checkpoint import read_run_config
 
+    refuse_non_folder(out)
+    if threads:
+        torch.set_num_threads(threads)
     runs: dict[str, Path] = {}
     for name, given in (("correct", correct), ("leaky", leaky)):  # checked before anything is trained
         if given is None and (out / name / "config.json").exists():
@@ -67,7 +75,7 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
                 raise AttnlabError(f"give --train to train the {name} model, or --{name} RUN")
             settings = TranslateSettings(src=src, tgt=tgt, vocab_size=vocab_size, look_ahead_mask=mask, select="loss")
             config = TrainConfig(**{**RECIPE_TRAIN, "max_seconds": max_seconds, "max_steps": max_steps,
-                                    "eval_every": eval_every, "progress": progress})
+                                    "eval_every": eval_every, "seed": seed, "progress": progress})
             click.echo(f"training the {name} model ({'with' if mask else 'WITHOUT'} the look-ahead mask)", err=True)
             train_translation(train=train, valid=valid, out=out / name, settings=settings, train_config=config,
                               log=lambda m: click.echo(m, err=True))

@@ -107,5 +107,7 @@ def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint
     best = result.best
     chosen = (f"best at step {best['step']}: validation BLEU {best['bleu']:.2f}, chrF {best['chrf']:.1f}, "
               f"loss {best['loss']:.3f}" if best else "no validation ran")
-    click.echo(f"run folder: {out} (model.safetensors, config.json, tokenizers, metrics.jsonl, loss.png, result.json)")
-    click.echo(f"{result.steps} steps in {result.elapsed:.1f} s ({result.tokens_per_second:,.0f} target tokens/s) | {chosen}")
+    tokenizers = ", ".join(sorted(p.name for p in out.glob("tokenizer*.json")))  # one joint, or one a side
+    click.echo(f"run folder: {out} (model.safetensors, config.json, {tokenizers}, metrics.jsonl, loss.png, result.json)")
+    click.echo(f"{result.steps} steps in {result.elapsed:.1f} s ({result.tokens_per_second:,.0f} source and target "
+               f"tokens/s) | {chosen}")

@@ -144,6 +144,21 @@ def _check_states(name: str, t: Tensor, positions: str, d_model: int) -> None:
         )
 
 
+def head_width(d_model: int, num_heads: int, head_dim: int | None = None) -> int:
+    """The width of one head: ``head_dim`` if given, else ``d_model // num_heads``, which must divide evenly."""
+    for name, value in (("d_model", d_model), ("num_heads", num_heads), ("head_dim", head_dim)):
+        if value is None and name == "head_dim":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise AttnlabError(f"{name} must be a whole number >= 1, got {value!r}")
+    if head_dim is not None:
+        return head_dim
+    if d_model % num_heads:
+        raise AttnlabError(f"d_model={d_model} is not divisible by num_heads={num_heads}; "
+                           "choose another head count or pass head_dim explicitly")
+    return d_model // num_heads
+
+
 def check_attention_inputs(x: Tensor, memory: Tensor | None, d_model: int) -> None:
     """Raise :class:`AttnlabError` unless ``x`` (batch, queries, d_model) and ``memory`` (batch, keys, d_model)
     or None are what :class:`MultiHeadAttention` takes.
@@ -183,6 +198,9 @@ class KVCache:
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add new positions and return all keys and values seen so far."""
+        if self.k is not None and k.shape[0] != self.k.shape[0]:  # torch.cat would name only tensor sizes
+            raise AttnlabError(f"this cache holds a batch of {self.k.shape[0]}, the new positions a batch of "
+                               f"{k.shape[0]}; one cache follows one batch (reorder() keeps a subset of its rows)")
         self.k = k if self.k is None else torch.cat((self.k, k), dim=-2)
         self.v = v if self.v is None else torch.cat((self.v, v), dim=-2)
         return self.k, self.v
@@ -226,17 +244,10 @@ class MultiHeadAttention(nn.Module):
         rotary: RotaryEmbedding | None = None,
     ) -> None:
         super().__init__()
-        if num_heads < 1:
-            raise AttnlabError(f"num_heads must be >= 1, got {num_heads}")
-        if head_dim is not None and head_dim < 1:
-            raise AttnlabError(f"head_dim must be >= 1, got {head_dim}")
-        if head_dim is None:
-            if d_model % num_heads:
-                raise AttnlabError(
-                    f"d_model={d_model} is not divisible by num_heads={num_heads}; "
-                    "choose another head count or pass head_dim explicitly"
-                )
-            head_dim = d_model // num_heads
+        head_dim = head_width(d_model, num_heads, head_dim)
+        if rotary is not None and rotary.head_dim != head_dim:  # it would rotate the wrong pairs, or fail in torch
+            raise AttnlabError(f"the rotary embedding is {rotary.head_dim} wide but each head is {head_dim} wide; "
+                               f"build it as RotaryEmbedding({head_dim}, max_positions)")
         self.d_model, self.num_heads, self.head_dim, self.dropout = d_model, num_heads, head_dim, dropout
         inner = num_heads * head_dim
         # W_Q, W_K and W_V stacked in one (3 * inner, d_model) matrix, as torch's nn.MultiheadAttention

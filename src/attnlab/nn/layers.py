@@ -180,6 +180,9 @@ class DecoderLayer(nn.Module):
         # Up front, before the self-attention runs: with norm_first the LayerNorm sees x first and would
         # fail inside torch on a wrong width, and a memory of the wrong batch would only be noticed after
         # the self-attention block had been computed.
+        if memory is None:  # cross-attention would turn into a second, unmasked self-attention over the target
+            raise AttnlabError("a decoder layer needs memory, the encoder's (batch, src, d_model) output, got None; "
+                               "a decoder-only model stacks self-attention layers (EncoderLayer with a causal mask)")
         check_attention_inputs(x, memory, self.self_attn.d_model)
         self_w: Tensor | None = None
         cross_w: Tensor | None = None

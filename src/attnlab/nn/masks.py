@@ -117,7 +117,8 @@ def decoder_self_mask(ids: Tensor, pad_id: int = 0) -> Tensor:
     Returns:
         (batch, 1, seq, seq) bool.
     """
-    return causal_mask(ids.shape[1], device=ids.device) & padding_mask(ids, pad_id)
+    padding = padding_mask(ids, pad_id)  # first: it checks that ids is (batch, seq)
+    return causal_mask(ids.shape[1], device=ids.device) & padding
 
 
 def check_attend_mask(mask: Tensor, scores_shape: Sequence[int]) -> None:
@@ -289,6 +290,8 @@ def to_hf_attention_mask(attend_mask: Tensor) -> Tensor:
 def to_additive_mask(attend_mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """An attend mask as an additive float mask: 0 where attending, ``-inf`` where hidden; same shape."""
     _check_bool(attend_mask, "to_additive_mask")
+    if not dtype.is_floating_point:  # a bool or integer mask cannot hold -inf: it would come out inverted or fail
+        raise AttnlabError(f"to_additive_mask needs a floating dtype (it holds -inf), got {dtype}")
     zeros = torch.zeros(attend_mask.shape, dtype=dtype, device=attend_mask.device)
     return zeros.masked_fill(~attend_mask, float("-inf"))
 

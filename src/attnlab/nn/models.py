@@ -24,6 +24,13 @@ from attnlab.nn.masks import cached_causal_mask, causal_mask, decoder_self_mask,
 from attnlab.nn.stacks import Decoder, Encoder, PositionKind, check_id_batch
 
 
+def check_pad_id(pad_id: int, vocab_size: int, what: str) -> int:
+    """``pad_id``, if it is an id of the vocabulary; an id no token can take would silently mask nothing."""
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < vocab_size:
+        raise AttnlabError(f"pad_id must be an id of {what} (0..{vocab_size - 1}), got {pad_id!r}")
+    return pad_id
+
+
 class _Model(nn.Module):
     config: dict[str, Any]
 
@@ -79,15 +86,11 @@ class Transformer(_Model):
     ) -> None:
         super().__init__()
         self.config = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        if not isinstance(pad_id, int) or not 0 <= pad_id < min(src_vocab_size, tgt_vocab_size):
-            # Both sides are padded with it; an id no token can take would silently mask nothing.
-            raise AttnlabError(f"pad_id must be an id of both vocabularies (0..{min(src_vocab_size, tgt_vocab_size) - 1}),"
-                               f" got {pad_id!r}")
-        self.pad_id = pad_id
+        self.pad_id = check_pad_id(pad_id, min(src_vocab_size, tgt_vocab_size), "both vocabularies")
         common = dict(dropout=dropout, head_dim=head_dim, norm_first=norm_first, eps=eps, positions=positions)
         self.encoder = Encoder(src_vocab_size, d_model, num_layers, num_heads, d_ff, max_positions=max_src_positions, **common)
         self.decoder = Decoder(
-            tgt_vocab_size, d_model, num_decoder_layers or num_layers, num_heads, d_ff,
+            tgt_vocab_size, d_model, num_layers if num_decoder_layers is None else num_decoder_layers, num_heads, d_ff,
             max_positions=max_tgt_positions, **common,
         )
         if share_embeddings:
@@ -141,7 +144,9 @@ class Transformer(_Model):
         (batch, heads, src, src) tensor a layer: ``model.encoder(src, attend_mask=padding_mask(src,
         model.pad_id), need_weights=True)[1]``.
         """
-        if src.dim() == tgt.dim() == 2 and src.shape[0] != tgt.shape[0]:  # cross-attention would broadcast
+        check_id_batch(src)
+        check_id_batch(tgt)
+        if src.shape[0] != tgt.shape[0]:  # cross-attention would broadcast
             raise AttnlabError(f"src has batch {src.shape[0]} but tgt has batch {tgt.shape[0]}; each target row "
                                "is decoded against the source row of the same index")
         memory, memory_mask = self.encode(src)
@@ -184,7 +189,7 @@ class EncoderClassifier(_Model):
     ) -> None:
         super().__init__()
         self.config = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        self.pad_id = pad_id
+        self.pad_id = check_pad_id(pad_id, vocab_size, "the vocabulary")
         self.encoder = Encoder(
             vocab_size, d_model, num_layers, num_heads, d_ff, max_positions=max_positions, dropout=dropout,
             norm_first=norm_first, positions=positions, scale_embedding=scale_embedding, eps=1e-5,
@@ -244,11 +249,10 @@ class DecoderLM(_Model):
     ) -> None:
         super().__init__()
         self.config = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        if pad_id is not None and not (isinstance(pad_id, int) and 0 <= pad_id < vocab_size):
-            raise AttnlabError(f"pad_id must be None or an id of the vocabulary (0..{vocab_size - 1}), got {pad_id!r}")
-        self.pad_id, self.max_positions = pad_id, max_positions
+        self.pad_id = None if pad_id is None else check_pad_id(pad_id, vocab_size, "the vocabulary (or None)")
+        self.max_positions = max_positions
         self.body = Encoder(
-            vocab_size, d_model, num_layers, num_heads, d_ff or 4 * d_model, max_positions=max_positions,
+            vocab_size, d_model, num_layers, num_heads, 4 * d_model if d_ff is None else d_ff, max_positions=max_positions,
             dropout=dropout, norm_first=norm_first, eps=1e-5, activation="gelu", positions=positions,
             scale_embedding=False, bias=bias,
         )
@@ -267,7 +271,7 @@ class DecoderLM(_Model):
         first logits would have a standard deviation of about sqrt(d_model), and training would start at a
         loss of tens of nats instead of ln(vocab_size), wasting hundreds of steps.
         """
-        residual_std = 0.02 / math.sqrt(2 * len(self.body.layers))
+        residual_std = 0.02 / math.sqrt(2 * max(len(self.body.layers), 1))  # (no layers: nothing uses it)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear | nn.Embedding):
                 std = residual_std if name.endswith(("out_proj", "ffn.down")) else 0.02
@@ -297,7 +301,8 @@ class DecoderLM(_Model):
             if self.pad_id is not None:
                 mask = mask & padding_mask(ids, self.pad_id)
         else:  # cached decoding never feeds padding
-            mask = cached_causal_mask(ids.shape[1], len(caches[0]), device=ids.device)
+            # (an empty list reaches the stack, which names the number of caches it needs)
+            mask = cached_causal_mask(ids.shape[1], len(caches[0]) if caches else 0, device=ids.device)
         states, weights = self.body(ids, attend_mask=mask, need_weights=return_attention, caches=caches)
         logits = self.lm_head(states)
         return (logits, weights) if return_attention else logits

@@ -126,7 +126,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         if head_dim % 2:
             raise AttnlabError(f"rotary embedding needs an even head width, got {head_dim}")
-        self.max_positions = max_positions
+        self.head_dim, self.max_positions = head_dim, max_positions
         inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
         self.register_buffer("cos", torch.cos(angles).float(), persistent=False)  # (P, head_dim/2)
