@@ -410,6 +410,10 @@ def test_cli_reads_a_package_module_spec(tmp_path, monkeypatch):
 @pytest.mark.parametrize(("source", "spec", "message"), [
     (None, "{dir}/missing.py:factory", "no such file: .*missing.py"),
     ("x = 1\n", "{file}:factory", "has no factory 'factory'"),
+    # Only what the file defines is listed, not torch and everything else it imports.
+    ("import torch\nfrom torch import nn\ndef lm():\n    pass\nclass Net(nn.Module):\n    pass\n", "{file}:factory",
+     r"has no factory 'factory' \(the functions and classes it defines: Net, lm\)$"),
+    (None, "{dir}:factory", "is a folder: give a run folder alone"),
     ("def factory():\n    raise RuntimeError('no weights')\n", "{file}:factory",
      "factory .* raised RuntimeError: no weights"),
     ("import not_a_module_anywhere\n", "{file}:factory", "importing .* failed: ModuleNotFoundError"),
@@ -695,3 +699,10 @@ def test_ids_are_drawn_from_a_vocabulary_of_any_size_without_a_table_of_it():
     draws = torch.cat([random_tokens(gen, small, 50), other_tokens(gen, small, torch.tensor([0, 2, 3] * 10)),
                        distinct_tokens(gen, small, 7)])
     assert set(draws.tolist()) == {0, 2, 3}
+
+
+def test_a_model_of_another_kind_is_told_to_check_its_kind():
+    seq2seq = Transformer(20, 20, 8, 1, 2, 16).eval()
+    result = run_checks(seq2seq, Contract("decoder", vocab_size=20), seeds=1, only=["causal"]).results[0]
+    assert result.status == "fail" and "[as a decoder the model is called as model(ids): is --kind right?]" in \
+        result.summary

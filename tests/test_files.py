@@ -32,6 +32,22 @@ def test_new_files_and_folders_follow_the_umask_and_replaced_files_keep_their_mo
     assert mode(tmp_path / "folder") == 0o755 and (tmp_path / "folder" / "a.txt").read_text() == "a"
 
 
+def test_weights_and_checkpoints_written_by_safetensors_are_readable_like_any_file(tmp_path, umask_022):
+    """safetensors replaces the file it is given with a private (0600) one; run folders are shared."""
+    import torch
+
+    from attnlab.training.checkpoint import save_checkpoint, save_weights
+
+    model = torch.nn.Linear(3, 2)
+    save_weights(model, tmp_path / "model.safetensors")
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(1, 3)).sum().backward()
+    optimizer.step()
+    save_checkpoint(tmp_path, model, optimizer, {"step": 1})
+    written = [tmp_path / "model.safetensors", *sorted((tmp_path / "checkpoint").iterdir())]
+    assert len(written) == 4 and {p.name: mode(p) for p in written} == {p.name: 0o644 for p in written}
+
+
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
     target = tmp_path / "keep.txt"
     target.write_text("old")

@@ -243,6 +243,15 @@ def test_missing_glove_file(tmp_path):
     assert_no_report(tmp_path)
 
 
+def test_a_glove_file_without_the_compared_pair_is_refused(tmp_path):
+    """red and wolf are measured by name: a zero row for either would make section 3's figures meaningless."""
+    path = tmp_path / "nowolf.txt"
+    write_glove(path, {w: v for w, v in small_vectors().items() if w != "wolf"})
+    result = run_cli("--out", str(tmp_path / "r"), "--glove", str(path), "--max-length", str(LENGTH))
+    assert_one_line_error(result, "has no vector for wolf, which section 3 compares", "nowolf.txt")
+    assert_no_report(tmp_path)
+
+
 @pytest.mark.parametrize("content, fragment", [
     ("king 0.1 0.2 0.3\nqueen 0.1 0.2\n", "2 values after 'queen'"),
     ("king 0.1 0.2 0.3\nqueen 0.1 zero 0.3\n", "not all numbers"),

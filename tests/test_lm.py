@@ -34,7 +34,7 @@ def run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lm")
     text = folder / "fox.txt"
     text.write_text(TEXT, encoding="utf-8")
-    result = invoke("train", "lm", "--text", text, "--out", folder / "run", *TINY)
+    result = invoke("train", "lm", "--text", text, "--out", folder / "run", *TINY[:-1])  # progress left on
     assert result.exit_code == 0, result.output
     return folder / "run", result
 
@@ -43,6 +43,7 @@ def test_tiny_training_learns_the_text_and_reports_on_its_last_line(run):
     folder, result = run
     last = result.stdout.strip().splitlines()[-1]
     assert "wall time" in last and "final val loss" in last
+    assert "%|" not in result.stderr and "step/s" not in result.stderr  # no bar when stderr is not a terminal
     val = float(last.split("final val loss")[1].split()[0])
     report = json.loads((folder / "result.json").read_text())
     assert val == pytest.approx(report["val_loss"], abs=1e-4)

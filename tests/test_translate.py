@@ -78,9 +78,10 @@ def test_training_reaches_exact_match_decoding_on_held_out_sentences(toy):
 
 
 def test_translate_reads_standard_input_with_a_dash_and_refuses_no_sentences(toy, tmp_path):
-    piped = CliRunner().invoke(cli, ["translate", str(toy["run"]), "--input", "-", "--beam", "1", "--no-progress"],
+    piped = CliRunner().invoke(cli, ["translate", str(toy["run"]), "--input", "-", "--beam", "1"],
                                input="ka lo mi\nmi\n")
     assert piped.exit_code == 0, piped.output
+    assert piped.stderr == ""  # no progress bar when stderr is not a terminal
     assert piped.stdout.splitlines() == [run_cli("translate", toy["run"], s).stdout.strip() for s in ("ka lo mi", "mi")]
     (tmp_path / "empty.xx").write_text("")
     for args, stdin, name in (([tmp_path / "empty.xx"], None, tmp_path / "empty.xx"), (["-"], "", "standard input")):

@@ -78,18 +78,21 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is renamed to ``path``, on error removed.
 
     The file gets the permissions an ordinary write would give it: those of the file it replaces, or
-    0666 less the umask (``mkstemp`` makes its files private, 0600, whatever the umask).
+    0666 less the umask (``mkstemp`` makes its files private, 0600, whatever the umask, and so do writers
+    such as safetensors that replace the temporary file with their own: the mode is set again at the end).
     """
     path = Path(path)
     if path.is_dir():  # said now, by its own name: the rename at the end would fail on the temporary one
         raise AttnlabError(f"{path} is a folder; give a file name to write")
     ensure_writable_dir(path.parent)
+    mode = path.stat().st_mode & 0o7777 if path.is_file() else 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    os.chmod(tmp, path.stat().st_mode & 0o7777 if path.is_file() else 0o666 & ~_umask())
     tmp_path = Path(tmp)
     try:
+        os.chmod(tmp_path, mode)
         yield tmp_path
+        os.chmod(tmp_path, mode)
         with open(tmp_path, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp_path, path)
@@ -115,7 +118,8 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
 
     A folder cannot be swapped in one atomic step when the old one exists, so the old one is first
     renamed aside (``path.old``) and removed after the new one is in place. :func:`recover_dir` undoes
-    an interruption between the two renames.
+    an interruption between the two renames. The folder and the files written in it get the permissions of
+    ordinary ones (0777 and 0666 less the umask), whatever the writers chose.
     """
     path = Path(path)
     ensure_writable_dir(path.parent)
@@ -123,6 +127,9 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     tmp.chmod(0o777 & ~_umask())  # mkdtemp's folders are private (0700); a made folder follows the umask
     try:
         yield tmp
+        for file in tmp.iterdir():  # safetensors writes its files private (0600)
+            if file.is_file():
+                file.chmod(0o666 & ~_umask())
         _fsync_dir(tmp)
         old = path.with_name(path.name + ".old")
         if old.exists():

@@ -37,6 +37,9 @@ def _a(value: Any) -> str:
 
 
 def _import_file(path: Path) -> ModuleType:
+    if path.is_dir():  # "runs/lm:factory": a run folder is a SPEC of its own, with nothing after it
+        raise AttnlabError(f"{path} is a folder: give a run folder alone (attnlab check {path}), or a factory as "
+                           "path/to/file.py:factory")
     if not path.is_file():
         raise AttnlabError(f"no such file: {path}")
     name = f"_attnlab_check_{abs(hash(str(path.resolve())))}"
@@ -86,8 +89,12 @@ def load_factory(spec: str) -> Callable[[], Any]:
     is_file = where.endswith(".py") or "/" in where or "\\" in where
     module = _import_file(Path(where)) if is_file else _import_module(where)
     if not hasattr(module, attr):
-        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise AttnlabError(f"{where} has no factory {attr!r} (its callables: {', '.join(public) or 'none'})")
+        # Only the functions and classes the module defines: not torch, nn and everything else it imports.
+        own = sorted(n for n, v in vars(module).items()
+                     if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__)
+        listed = ", ".join(own[:12]) + (f" and {len(own) - 12} more" if len(own) > 12 else "")
+        raise AttnlabError(f"{where} has no factory {attr!r} (the functions and classes it defines: "
+                           f"{listed or 'none'})")
     factory = getattr(module, attr)
     if not callable(factory):
         raise AttnlabError(f"{where}:{attr} is {_a(factory)}, not a factory function")

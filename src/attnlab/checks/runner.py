@@ -59,10 +59,13 @@ def run_check(name: str, mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
     except ModelRaised as raised:  # the model raised on an input inside its contract: that is the finding
         err = raised.error
         what = f"the model raised {_first_line(err)}"
+        c = mut.contract
         if isinstance(err, IndexError):  # nearly always an embedding table smaller than the ids drawn
-            c = mut.contract
             what += (f" [ids are drawn below vocab size {c.vocab_size} (--vocab-size), rows are up to max length "
                      f"{c.max_length} (--max-length) long: does the model take both?]")
+        elif isinstance(err, TypeError) and "argument" in str(err):  # called with the wrong number of inputs
+            call = "model(src, tgt)" if c.kind == "seq2seq" else "model(ids)"
+            what += f" [as a {c.kind} the model is called as {call}: is --kind right?]"
         return _stopped(name, mut, what, {"exception": f"{type(err).__name__}: {err}"})
     except OutputError as err:  # attnlab's own check of the output: the model raised nothing
         return _stopped(name, mut, str(err), {"output_error": str(err)})

@@ -55,7 +55,8 @@ def translate_with_progress(translator: Any, lines: list[str], settings: Any, pr
     """Translate ``lines`` with a tqdm bar on stderr (sentences done / total)."""
     from tqdm.auto import tqdm
 
-    with tqdm(total=len(lines), unit="sent", disable=not progress, dynamic_ncols=True) as bar:
+    # disable=None: no bar when stderr is not a terminal (a log file, CI), whose lines it would fill
+    with tqdm(total=len(lines), unit="sent", disable=None if progress else True, dynamic_ncols=True) as bar:
         return translator.translate(lines, settings, on_batch=bar.update)
 
 

@@ -117,6 +117,10 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
     matrix, missing = embedding_matrix(word_index, vectors)
     if len(missing) == len(word_index):
         raise AttnlabError(f"{vectors.source} holds none of the {len(word_index)} words of the sentences")
+    lacking = [w for w in PAIR if w in missing]
+    if lacking:  # a zero vector would make the red/wolf distances, and the check on them, meaningless
+        raise AttnlabError(f"{vectors.source} has no vector for {' or '.join(lacking)}, which section 3 compares "
+                           f"(the words it lacks: {', '.join(missing)}); use a GloVe 6B file")
     embedding = torch.nn.functional.embedding(data, matrix)  # (2, L, d): a frozen lookup table
     encoding = sinusoidal_encoding(max_length, d, dtype=torch.float64)  # (L, d)
     words = [[index_to_word[i] for i in seq] for seq in sequences]

@@ -360,7 +360,8 @@ class Trainer:
         if self.place.is_main and cfg.progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=cfg.max_steps, initial=self.state["step"], unit="step", dynamic_ncols=True)
+            # disable=None: no bar when stderr is not a terminal (a log file, CI), whose lines it would fill
+            bar = tqdm(total=cfg.max_steps, initial=self.state["step"], unit="step", dynamic_ncols=True, disable=None)
         batches = self._micro_batches()
         stopped_early = False
         started = time.perf_counter() - self.state["elapsed"]
