@@ -170,7 +170,7 @@ def test_bad_training_input_is_one_line_and_exit_2(tmp_path):
     three = tmp_path / "three.csv"
     three.write_text("text,a,b\nx,1,2\n", encoding="utf-8")
     assert "['text', 'a', 'b']" in one_error_line(run(*train, "--train", three))
-    assert "EMA decay" in one_error_line(run(*train, "--train", good, "--ema", "1.5"))
+    assert "'--ema': 1.5 is not in the range 0<=x<1" in one_error_line(run(*train, "--train", good, "--ema", "1.5"))
     # Values outside an option's range and values that are not numbers: Click's own check, as one line.
     assert "'--heads': 0 is not in the range x>=1" in one_error_line(run(*train, "--train", good, "--heads", "0"))
     assert "'--dropout': 1.5 is not in the range" in one_error_line(run(*train, "--train", good, "--dropout", "1.5"))

@@ -64,3 +64,16 @@ def test_help_shows_the_range_of_bounded_floats_and_nothing_for_unbounded_ones()
         text = CliRunner().invoke(cli, [*args, "--help"]).output
         assert "None" not in text, (args, text)
     assert "0<=x<1]" in CliRunner().invoke(cli, ["train", "translate", "--help"]).output  # --dropout keeps its range
+
+
+@pytest.mark.parametrize("args, shown", [
+    (["train", "lm", "--text", "t.txt", "--out", "o", "--val-fraction", "1.5"], "'--val-fraction': 1.5 is not in the range 0<x<1"),
+    (["train", "lm", "--text", "t.txt", "--out", "o", "--lr", "-1"], "'--lr': -1.0 is not in the range x>0"),
+    (["train", "classify", "--train", "t.csv", "--out", "o", "--ema", "2"], "'--ema': 2.0 is not in the range 0<=x<1"),
+    (["train", "classify", "--train", "t.csv", "--out", "o", "--valid-fraction", "0"],
+     "'--valid-fraction': 0.0 is not in the range 0<x<1"),
+])
+def test_option_ranges_are_checked_where_help_shows_them(args, shown):
+    """Said by the option parser, so the line names the option, its range and --help, before any file is read."""
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and shown in result.stderr and "--help" in result.stderr, result.stderr

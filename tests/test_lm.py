@@ -86,11 +86,12 @@ def test_sampled_generation_is_reproducible_with_a_seed(run):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--prompt", "the", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    (["--prompt", "the", "--max-new-tokens", "0"], "'--max-new-tokens': 0 is not in the range x>=1"),
     (["--prompt", "", "--max-new-tokens", "5"], "--prompt is empty"),
     (["--prompt", "Zebra", "--max-new-tokens", "5"], "'Z' is not in this model's vocabulary"),
-    (["--prompt", "the", "--temperature", "0"], "temperature must be a positive number"),
-    (["--prompt", "the", "--top-p", "2"], "top-p must be in (0, 1]"),
+    (["--prompt", "the", "--temperature", "0"], "'--temperature': 0.0 is not in the range x>0"),
+    (["--prompt", "the", "--top-p", "2"], "'--top-p': 2.0 is not in the range 0<x<=1"),
+    (["--prompt", "the", "--top-k", "0"], "'--top-k': 0 is not in the range x>=1"),
 ])
 def test_bad_generate_input_is_one_line_and_exit_2(run, args, message):
     folder, _ = run

@@ -22,7 +22,7 @@ def _default(name: str) -> str:
               help="Training table (.csv, .tsv, or .jsonl with one JSON object a line).")
 @click.option("--valid", "valid_path", type=PathParam(path_type=Path), default=None,
               help="Validation table; without it --valid-fraction of the training table is held out.")
-@click.option("--valid-fraction", type=FiniteFloat(), default=None, help=f"Share held out for validation. {_default('valid_fraction')}")
+@click.option("--valid-fraction", type=FiniteFloat(0, 1, min_open=True, max_open=True), default=None, help=f"Share held out for validation. {_default('valid_fraction')}")
 @click.option("--out", type=PathParam(path_type=Path), required=True, help="The run folder to write.")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint (its saved settings win).")
 @click.option("--text-column", default=None, help=f"Column holding the text. {_default('text_column')}")
@@ -64,13 +64,13 @@ def _default(name: str) -> str:
               help="Epochs; 0 fits as many as --max-seconds allows, measured on a few timed steps. [default: 0]")
 @click.option("--max-epochs", type=click.IntRange(min=1), default=None, help=f"Cap of a fitted run. {_default('max_epochs')}")
 @click.option("--steps", type=click.IntRange(min=0), default=None, help="Optimizer steps (overrides --epochs).")
-@click.option("--lr", type=FiniteFloat(), default=None, help=f"Peak learning rate (AdamW, cosine decay). {_default('lr')}")
+@click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None, help=f"Peak learning rate (AdamW, cosine decay). {_default('lr')}")
 @click.option("--min-lr", type=FiniteFloat(min=0), default=None, help=f"{_default('min_lr')}")
 @click.option("--warmup-epochs", type=FiniteFloat(min=0), default=None, help=f"Linear warmup. {_default('warmup_epochs')}")
 @click.option("--weight-decay", type=FiniteFloat(min=0), default=None, help=f"{_default('weight_decay')}")
 @click.option("--grad-clip", type=FiniteFloat(min=0), default=None, help=f"{_default('grad_clip')}")
 @click.option("--label-smoothing", type=FiniteFloat(0, 1, max_open=True), default=None, help=f"{_default('label_smoothing')}")
-@click.option("--ema", "ema_decay", type=FiniteFloat(), default=None,
+@click.option("--ema", "ema_decay", type=FiniteFloat(0, 1, max_open=True), default=None,
               help="Evaluate and keep an exponential moving average of the weights with this decay per step "
                    f"(0: off). {_default('ema_decay')}")
 @click.option("--eval-every", type=click.IntRange(min=0), default=None, help="Evaluate every N steps, keep the best weights. [default: each epoch]")

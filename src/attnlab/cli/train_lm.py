@@ -47,7 +47,7 @@ def _steps(report: LMReport) -> str:
               help="Starting settings; the options below override them.")
 @click.option("--tokenizer", type=click.Choice(["char", "bpe"]), default=None, help="[preset: char]")
 @click.option("--bpe-vocab-size", type=click.IntRange(min=1), default=None, help="BPE vocabulary size. [preset: 2000]")
-@click.option("--val-fraction", type=FiniteFloat(), default=None, help="Last fraction of the file held out. [preset: 0.1]")
+@click.option("--val-fraction", type=FiniteFloat(0, 1, min_open=True, max_open=True), default=None, help="Last fraction of the file held out. [preset: 0.1]")
 @click.option("--layers", type=click.IntRange(min=1), default=None)
 @click.option("--heads", type=click.IntRange(min=1), default=None)
 @click.option("--width", type=click.IntRange(min=1), default=None, help="Model width d_model.")
@@ -58,12 +58,12 @@ def _steps(report: LMReport) -> str:
 @click.option("--dropout", type=FiniteFloat(0, 1, max_open=True), default=None)
 @click.option("--batch-size", type=click.IntRange(min=1), default=None)
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Optimizer steps.")
-@click.option("--lr", type=FiniteFloat(), default=None, help="Peak learning rate.")
+@click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None, help="Peak learning rate.")
 @click.option("--min-lr", type=FiniteFloat(min=0), default=None, help="End of the cosine decay.")
 @click.option("--warmup", type=click.IntRange(min=0), default=None, help="Linear warmup steps.")
 @click.option("--weight-decay", type=FiniteFloat(min=0), default=None)
 @click.option("--grad-clip", type=FiniteFloat(min=0), default=None, help="Gradient norm clip (0: off).")
-@click.option("--ema", "ema_decay", type=FiniteFloat(), default=None,
+@click.option("--ema", "ema_decay", type=FiniteFloat(0, 1, max_open=True), default=None,
               help="Evaluate and keep a moving average of the weights with this decay per step (0: off).")
 @click.option("--eval-every", type=click.IntRange(min=0), default=None, help="Evaluate every N steps (0: only at the end).")
 @click.option("--checkpoint-every", type=click.IntRange(min=0), default=None,

@@ -52,7 +52,7 @@ _SETTING_KEYS = {"layers": ("num_layers",), "heads": ("num_heads",), "warmup": (
 @click.option("--max-steps", type=click.IntRange(min=1), default=_T["max_steps"], show_default=True)
 @click.option("--max-seconds", type=FiniteFloat(min=0), default=_T["max_seconds"], show_default=True,
               help="Time budget (training plus validation); 0 = none.")
-@click.option("--ema", "ema_decay", type=FiniteFloat(), default=0.0, show_default=True,
+@click.option("--ema", "ema_decay", type=FiniteFloat(0, 1, max_open=True), default=0.0, show_default=True,
               help="Validate and keep a moving average of the weights with this decay per step (0: off).")
 @click.option("--eval-every", type=click.IntRange(min=0), default=_T["eval_every"], show_default=True, help="Validate every N steps (and at the end).")
 @click.option("--select", type=click.Choice(["bleu", "loss"]), default="bleu", show_default=True,
