@@ -190,6 +190,10 @@ def test_padding_cannot_enter_a_cache_and_pad_ids_must_be_real_ids():
     with pytest.raises(AttnlabError, match="padding id 0, which cached decoding cannot mask"):
         lm(torch.tensor([[5, 6, 0]]), caches=lm.new_caches())
     assert lm(torch.tensor([[5, 6, 0]])).shape == (1, 3, 20)  # without caches the padding is masked
+    seq2seq = Transformer(12, 15, 16, 1, 2, 32).eval()  # and the same for the encoder-decoder's target
+    memory, memory_mask = seq2seq.encode(torch.tensor([[3, 4]]))
+    with pytest.raises(AttnlabError, match="padding id 0, which cached decoding cannot mask"):
+        seq2seq.decode(torch.tensor([[1, 0]]), memory, memory_attend_mask=memory_mask, caches=seq2seq.new_caches())
     for bad in (None, 20, -1):
         with pytest.raises(AttnlabError, match="pad_id must be an id of both vocabularies"):
             Transformer(12, 15, 16, 1, 2, 32, pad_id=bad)

@@ -24,6 +24,14 @@ from attnlab.nn.masks import cached_causal_mask, causal_mask, decoder_self_mask,
 from attnlab.nn.stacks import Decoder, Encoder, PositionKind, check_id_batch
 
 
+def refuse_cached_padding(ids: Tensor, pad_id: int) -> None:
+    """Refuse padding in positions fed through a KV cache: a cache cannot un-see a key, so the padding mask
+    of later steps could not hide it (greedy and beam search never feed padding)."""
+    if bool((ids == pad_id).any()):
+        raise AttnlabError(f"ids hold the padding id {pad_id}, which cached decoding cannot mask; "
+                           "decode sequences of different lengths separately or without caches")
+
+
 def check_pad_id(pad_id: int, vocab_size: int, what: str) -> int:
     """``pad_id``, if it is an id of the vocabulary; an id no token can take would silently mask nothing."""
     if isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < vocab_size:
@@ -125,7 +133,8 @@ class Transformer(_Model):
         if caches is None:
             self_mask = decoder_self_mask(tgt, self.pad_id)
         else:
-            self_mask = cached_causal_mask(tgt.shape[1], len(caches[0][0]), device=tgt.device)
+            refuse_cached_padding(tgt, self.pad_id)
+            self_mask = cached_causal_mask(tgt.shape[1], len(caches[0][0]) if caches else 0, device=tgt.device)
         states, weights = self.decoder(
             tgt, memory, self_attend_mask=self_mask, memory_attend_mask=memory_attend_mask,
             need_weights=need_weights, caches=caches,
@@ -293,9 +302,8 @@ class DecoderLM(_Model):
         prompts of one length, or decode them one at a time.
         """
         check_id_batch(ids)  # before its shape is read below
-        if caches is not None and self.pad_id is not None and bool((ids == self.pad_id).any()):
-            raise AttnlabError(f"ids hold the padding id {self.pad_id}, which cached decoding cannot mask; "
-                               "decode prompts of different lengths separately or without caches")
+        if caches is not None and self.pad_id is not None:
+            refuse_cached_padding(ids, self.pad_id)
         if caches is None:
             mask = causal_mask(ids.shape[1], device=ids.device)
             if self.pad_id is not None:
