@@ -248,3 +248,10 @@ def test_a_cache_refuses_positions_of_another_batch():
     with pytest.raises(AttnlabError, match="this cache holds a batch of 2, the new positions a batch of 3"):
         mha(torch.randn(3, 1, 8), cache=cache)
     assert len(cache) == 3  # unchanged by the refused call
+
+
+def test_rotary_attention_refuses_memory_instead_of_dropping_its_positions():
+    mha = MultiHeadAttention(8, 2, rotary=RotaryEmbedding(4, 16)).eval()
+    assert mha(torch.randn(1, 5, 8))[0].shape == (1, 5, 8)
+    with pytest.raises(AttnlabError, match="rotary positions are for self-attention"):
+        mha(torch.randn(1, 5, 8), torch.randn(1, 3, 8))

@@ -226,7 +226,7 @@ class MultiHeadAttention(nn.Module):
         head_dim: width of each head (default ``d_model // num_heads``).
         dropout: dropout on the attention weights during training.
         bias: whether the four projections have biases (they do in the paper and the seeds).
-        rotary: optional rotary embedding applied to queries and keys (self-attention only).
+        rotary: optional rotary embedding applied to queries and keys (self-attention only: a call with ``memory`` is refused).
 
     Inputs are batched only: an unbatched (seq, d_model) ``x`` is refused, because the head split
     assumes a batch axis; without one, seq would be taken for the batch and the attention would run
@@ -304,6 +304,9 @@ class MultiHeadAttention(nn.Module):
             if cache is not None:
                 k, v = cache.append(k, v)
         else:
+            if self.rotary is not None:  # skipping it silently would leave the layer without positions
+                raise AttnlabError("rotary positions are for self-attention: queries and keys from two sequences "
+                                   "share no positions; build the cross-attention without rotary")
             (q,) = self._project(x, 0, 1)
             if cache is not None and cache.k is not None and cache.v is not None:
                 k, v = cache.k, cache.v  # the encoder's keys and values, projected on the first step
