@@ -704,5 +704,37 @@ def test_ids_are_drawn_from_a_vocabulary_of_any_size_without_a_table_of_it():
 def test_a_model_of_another_kind_is_told_to_check_its_kind():
     seq2seq = Transformer(20, 20, 8, 1, 2, 16).eval()
     result = run_checks(seq2seq, Contract("decoder", vocab_size=20), seeds=1, only=["causal"]).results[0]
-    assert result.status == "fail" and "[as a decoder the model is called as model(ids): is --kind right?]" in \
-        result.summary
+    assert result.status == "fail" and "[a decoder is called as model(ids): is --kind right?]" in result.summary
+    lm = DecoderLM(20, 8, 1, 2).eval()
+    result = run_checks(lm, Contract("seq2seq", vocab_size=20), seeds=1, only=["causal"]).results[0]
+    assert "[a seq2seq is called as model(src, tgt): is --kind right?]" in result.summary
+
+    def broken(ids):  # a TypeError of torch's, inside a model of the right kind: no hint about --kind
+        return torch.nn.functional.linear((ids,), torch.ones(2, 2))
+
+    result = run_checks(broken, Contract("encoder"), seeds=1, only=["batch-independence"]).results[0]
+    assert result.status == "fail" and "TypeError" in result.summary and "--kind" not in result.summary
+
+
+def test_a_long_failing_row_is_shortened_in_the_summary_and_kept_whole_in_the_evidence():
+    torch.manual_seed(0)
+    lm = DecoderLM(32, 16, 1, 2, max_positions=300, pad_id=None).eval()
+
+    def long_leak(ids):
+        return lm(ids) if ids.shape[1] <= 8 else lm.lm_head(lm.body(ids)[0])
+
+    result = run_checks(long_leak, Contract("decoder", pad_id=None, max_length=300), seeds=1,
+                        only=["causal"]).results[0]
+    assert result.status == "fail" and "more ..." in result.summary and len(result.summary) < 600
+    assert len(result.evidence["input"]) == 300
+
+
+def test_a_package_lists_the_factories_it_re_exports(tmp_path, monkeypatch):
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "models.py").write_text("import torch\ndef make_model():\n    pass\nclass TinyNet:\n    pass\n")
+    (tmp_path / "mypkg" / "__init__.py").write_text("from mypkg.models import TinyNet, make_model\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = invoke("mypkg:make_modle", "--kind", "encoder")
+    assert result.exit_code == 2
+    assert result.stderr.strip().endswith("has no factory 'make_modle' (the functions and classes it defines: "
+                                          "TinyNet, make_model)")

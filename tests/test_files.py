@@ -65,3 +65,28 @@ def test_writing_over_a_folder_names_the_folder_not_a_temporary_file(tmp_path):
     with pytest.raises(AttnlabError, match=r"out is a folder; give a file name to write"):
         write_text_atomic(tmp_path / "out", "x")
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary left behind
+
+
+def test_a_bad_byte_is_named_by_its_line_after_a_byte_order_mark_and_a_broken_gzip_body_by_its_file(tmp_path):
+    import gzip
+
+    from attnlab.errors import AttnlabError
+    from attnlab.files import decode_utf8, read_lines
+
+    data = b"\xef\xbb\xbftext,label\nhello,1\n\xe9t\xe9,2\n"
+    with pytest.raises(AttnlabError, match=r"^t.csv is not UTF-8 text \(line 3: "):
+        decode_utf8(data, "t.csv", bom=True)
+    assert decode_utf8(b"\xef\xbb\xbfa,b\n", "t.csv", bom=True) == "a,b\n"
+    packed = gzip.compress(b"ein Mann\n" * 50)
+    broken = tmp_path / "s.de.gz"
+    broken.write_bytes(packed[:12] + bytes([packed[12] ^ 0xFF]) + packed[13:])
+    with pytest.raises(AttnlabError, match="s.de.gz is not a readable gzip file"):
+        read_lines(broken)
+
+
+def test_a_file_where_a_folder_should_be_is_named_without_blaming_an_option(tmp_path):
+    from attnlab.errors import AttnlabError
+
+    (tmp_path / "s.xx").write_text("not a folder")
+    with pytest.raises(AttnlabError, match=r"s.xx exists and is not a folder$"):
+        write_text_atomic(tmp_path / "s.xx" / "out.txt", "x")

@@ -285,7 +285,10 @@ def test_num_decoder_layers_is_taken_as_given():
     model = Transformer(20, 22, 8, 1, 2, 16, num_decoder_layers=3)
     assert (len(model.encoder.layers), len(model.decoder.layers)) == (1, 3)
     assert len(Transformer(20, 22, 8, 1, 2, 16, num_decoder_layers=0).decoder.layers) == 0  # was num_layers
-    assert DecoderLM(20, 8, 0, 2)(torch.ones(1, 3, dtype=torch.long)).shape == (1, 3, 20)  # embeddings alone
+    empty = DecoderLM(20, 8, 0, 2).eval()  # the embeddings alone
+    assert empty(torch.ones(1, 3, dtype=torch.long)).shape == (1, 3, 20)
+    with pytest.raises(AttnlabError, match="a stack without layers keeps no caches"):  # nothing counts positions
+        empty(torch.ones(1, 3, dtype=torch.long), caches=empty.new_caches())
 
 
 def test_ids_of_the_wrong_rank_and_empty_caches_are_named():

@@ -87,6 +87,11 @@ def test_translate_reads_standard_input_with_a_dash_and_refuses_no_sentences(toy
     for args, stdin, name in (([tmp_path / "empty.xx"], None, tmp_path / "empty.xx"), (["-"], "", "standard input")):
         result = CliRunner().invoke(cli, [str(a) for a in ("translate", toy["run"], "--input", *args)], input=stdin)
         assert result.exit_code == 2 and result.stderr == f"error: {name} holds no sentences\n"
+    for option in ("--src-file", "--ref-file"):  # eval reads two files: one stdin cannot be both
+        files = {"--src-file": toy["root"] / "test.xx", "--ref-file": toy["root"] / "test.yy", option: "-"}
+        args = ["eval", "translate", str(toy["run"])] + [str(a) for pair in files.items() for a in pair]
+        refused = CliRunner().invoke(cli, args, input="ka\n")
+        assert refused.exit_code == 2 and refused.stderr.startswith(f"error: {option} names a file; standard input")
     blank = CliRunner().invoke(cli, ["translate", str(toy["run"]), "--input", "-"], input="ka\n\nmi\n")
     assert blank.exit_code == 2 and blank.stderr == ("error: standard input: empty line 2 (1 in all); every line must "
                                                      "hold one sentence\n")
@@ -317,6 +322,11 @@ def test_resume_names_the_model_flags_it_ignores(toy, tmp_path):
                      *small)
     assert "ignored: d_model=64 (the run has 32)" in result.stderr
     assert json.loads((run / "config.json").read_text())["model"]["kwargs"]["d_model"] == 32
+    # Structural flags too, though they are not model sizes: the output tying and the hidden leak switch.
+    again = run_cli("train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src",
+                    "xx", "--tgt", "yy", "--out", run, "--resume", "--max-steps", "300", "--no-tie-output",
+                    "--no-look-ahead-mask", "--no-progress")
+    assert "look_ahead_mask=False (the run has True)" in again.stderr and "tie_output=False (the run has" in again.stderr
 
 
 def test_a_bare_resume_keeps_every_setting_of_the_run(toy, tmp_path):
@@ -330,6 +340,16 @@ def test_a_bare_resume_keeps_every_setting_of_the_run(toy, tmp_path):
     assert "ignored" not in result.stderr and "other training settings" not in result.stderr, result.stderr
     saved, started = (json.loads((run / "config.json").read_text()) for run in (killed, toy["run"]))
     assert saved["train"] == started["train"]  # max_steps 300, lr 1e-2, warmup 20, ... not the recipe's defaults
+    # A flag's off switch counts as given: a run started with --bf16 can continue without it.
+    started_bf16 = tmp_path / "bf16"
+    shutil.copytree(killed, started_bf16)
+    config = json.loads((started_bf16 / "config.json").read_text())
+    config["train"]["bf16"] = True
+    (started_bf16 / "config.json").write_text(json.dumps(config))
+    off = run_cli("train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src",
+                  "xx", "--tgt", "yy", "--out", started_bf16, "--resume", "--no-bf16", "--no-progress", "--max-steps",
+                  "301")
+    assert "bf16 True -> False" in off.stderr, off.stderr
     assert json.loads((killed / "result.json").read_text())["steps"] == 300
 
 

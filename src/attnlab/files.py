@@ -7,12 +7,14 @@ reader sees the old file or the new one, never a mixture.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import os
 import shutil
 import sys
 import tempfile
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,8 +28,10 @@ def decode_utf8(data: bytes, name: str | Path, *, bom: bool = False) -> str:
 
     ``bom=True`` drops a leading byte-order mark (spreadsheets write one; it is not part of a column name).
     """
+    if bom and data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]  # removed here, not by utf-8-sig, so that err.start counts in data
     try:
-        return data.decode("utf-8-sig" if bom else "utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         raise AttnlabError(f"{name} is not UTF-8 text (line {line}: {err.reason})") from None
@@ -49,7 +53,7 @@ def read_lines(path: str | Path) -> list[str]:
                 data = f.read()
         else:
             data = Path(path).read_bytes()
-    except (gzip.BadGzipFile, EOFError) as err:
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
         raise AttnlabError(f"{name} is not a readable gzip file ({err})") from None
     except OSError as err:
         raise AttnlabError(f"cannot read {name}: {err.strerror or err}") from None
@@ -151,12 +155,13 @@ def recover_dir(path: str | Path) -> None:
         os.replace(old, path)
 
 
-def refuse_non_folder(path: str | Path) -> None:
+def refuse_non_folder(path: str | Path, option: str = "") -> None:
     """Refuse a ``path`` that exists and is not a folder: a command that will write a folder there says so
-    before its work (reading data, training a tokenizer), not after it."""
+    before its work (reading data, training a tokenizer), not after it. ``option`` names the option that
+    gave the path (``--out``), for the message."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise AttnlabError(f"{path} exists and is not a folder; --out names a folder")
+        raise AttnlabError(f"{path} exists and is not a folder" + (f"; {option} names a folder" if option else ""))
 
 
 def ensure_writable_dir(path: str | Path) -> Path:

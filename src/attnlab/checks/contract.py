@@ -6,6 +6,7 @@ has a real bug (reported as a failed check), not a complaint about the tool.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -47,9 +48,12 @@ class Contract:
             raise AttnlabError(f"unknown model kind {self.kind!r}; use one of {', '.join(KINDS)}")
         for name in ("pad_id", "vocab_size", "max_length"):  # 8.5 would reach torch.randint as a bound
             value = getattr(self, name)
-            if not (value is None and name == "pad_id") and (isinstance(value, bool) or not isinstance(value, int)):
+            if value is None and name == "pad_id":
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise AttnlabError(f"{name} must be a whole number{' or None' if name == 'pad_id' else ''}, "
                                    f"got {value!r}")
+            object.__setattr__(self, name, int(value))  # numpy's integers too, stored as Python's (frozen class)
         if not MIN_VOCAB_SIZE <= self.vocab_size <= MAX_VOCAB_SIZE:
             raise AttnlabError(f"vocab size must be between {MIN_VOCAB_SIZE} and {MAX_VOCAB_SIZE:,} for the checks, "
                                f"got {self.vocab_size}")

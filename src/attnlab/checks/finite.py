@@ -20,7 +20,7 @@ from torch import Tensor
 from attnlab.checks.calling import ModelUnderTest
 from attnlab.checks.contract import Contract
 from attnlab.checks.inputs import generator, pad_rows, randint, random_tokens, short_width
-from attnlab.checks.result import CheckResult
+from attnlab.checks.result import CheckResult, shown
 
 NAME = "finite-outputs"
 
@@ -85,7 +85,7 @@ def check_finite_outputs(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
             if src is not None:
                 evidence["source"] = src
             summary = (f"seed {seed}: {int(bad.sum())} of {bad.numel()} values not finite on the "
-                       f"{', '.join(evidence['rows'])} (row {rows[0]}: {ids[rows[0]].tolist()}) at [row, position] "
+                       f"{', '.join(evidence['rows'])} (row {rows[0]}: {shown(ids[rows[0]])}) at [row, position] "
                        f"{where[:6]}{' ...' if len(where) > 6 else ''}")
             if all("all-padding" in name for name in evidence["rows"]):
                 summary += ("; only rows made of padding: if the model refuses them by design, "

@@ -89,9 +89,11 @@ def load_factory(spec: str) -> Callable[[], Any]:
     is_file = where.endswith(".py") or "/" in where or "\\" in where
     module = _import_file(Path(where)) if is_file else _import_module(where)
     if not hasattr(module, attr):
-        # Only the functions and classes the module defines: not torch, nn and everything else it imports.
-        own = sorted(n for n, v in vars(module).items()
-                     if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__)
+        # Only the functions and classes of its own package (a package re-exports its modules' factories), not
+        # torch, nn and everything else it imports.
+        package = module.__name__.split(".")[0]
+        own = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                     and str(getattr(v, "__module__", "")).split(".")[0] == package)
         listed = ", ".join(own[:12]) + (f" and {len(own) - 12} more" if len(own) > 12 else "")
         raise AttnlabError(f"{where} has no factory {attr!r} (the functions and classes it defines: "
                            f"{listed or 'none'})")

@@ -69,3 +69,14 @@ def jsonable(value: Any, *, strict: bool = True) -> Any:
     if strict and isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
+
+
+def shown(values: Any, head: int = 10, tail: int = 3) -> str:
+    """A list (or 1-D tensor) as a summary line shows it: whole when short, else its first ``head`` and last
+    ``tail`` items around the count of the others (rows of the longest length run to thousands of ids; the
+    evidence keeps them whole)."""
+    items = values.tolist() if hasattr(values, "tolist") else list(values)
+    if len(items) <= head + tail + 1:
+        return str(items)
+    first, last = ", ".join(map(str, items[:head])), ", ".join(map(str, items[-tail:]))
+    return f"[{first}, ... {len(items) - head - tail} more ..., {last}]"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -19,6 +20,8 @@ from attnlab.checks.result import CheckResult
 from attnlab.errors import AttnlabError
 
 CheckFn = Callable[[ModelUnderTest, Sequence[int]], CheckResult]
+#: Python's own words for a call with the wrong inputs (not a TypeError that torch raises inside the model).
+_WRONG_ARITY = re.compile(r"takes \d+ positional arguments? but \d+ (were|was) given|missing \d+ required positional")
 
 #: Every check by name, in the order they run and are reported.
 CHECKS: dict[str, CheckFn] = {
@@ -63,9 +66,9 @@ def run_check(name: str, mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
         if isinstance(err, IndexError):  # nearly always an embedding table smaller than the ids drawn
             what += (f" [ids are drawn below vocab size {c.vocab_size} (--vocab-size), rows are up to max length "
                      f"{c.max_length} (--max-length) long: does the model take both?]")
-        elif isinstance(err, TypeError) and "argument" in str(err):  # called with the wrong number of inputs
+        elif isinstance(err, TypeError) and _WRONG_ARITY.search(str(err)):  # called with too many or too few inputs
             call = "model(src, tgt)" if c.kind == "seq2seq" else "model(ids)"
-            what += f" [as a {c.kind} the model is called as {call}: is --kind right?]"
+            what += f" [{'an' if c.kind == 'encoder' else 'a'} {c.kind} is called as {call}: is --kind right?]"
         return _stopped(name, mut, what, {"exception": f"{type(err).__name__}: {err}"})
     except OutputError as err:  # attnlab's own check of the output: the model raised nothing
         return _stopped(name, mut, str(err), {"output_error": str(err)})

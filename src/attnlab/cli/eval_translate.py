@@ -10,6 +10,7 @@ import click
 
 from attnlab.cli.params import PathParam
 from attnlab.cli.translate import decode_options, decode_settings, report_warnings, translate_with_progress
+from attnlab.errors import AttnlabError
 
 
 @click.command(name="translate")
@@ -32,6 +33,9 @@ def eval_translate(run: Path, src_file: Path, ref_file: Path, hyp_out: Path | No
     from attnlab.tasks.parallel_data import check_aligned
     from attnlab.tasks.translate import corpus_scores, load_translator, read_sentences
 
+    for option, path in (("--src-file", src_file), ("--ref-file", ref_file)):
+        if str(path) == "-":  # two files cannot share one stdin, and the hypotheses are named after the source
+            raise AttnlabError(f"{option} names a file; standard input (-) is read by `attnlab translate --input -`")
     settings = decode_settings(beam, length_penalty, max_len_a, max_len_b, threads)
     translator = load_translator(run)
     sources, references = read_sentences(src_file), read_sentences(ref_file)

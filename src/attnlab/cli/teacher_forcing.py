@@ -56,7 +56,7 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
     from attnlab.training import TrainConfig
     from attnlab.training.checkpoint import read_run_config
 
-    refuse_non_folder(out)
+    refuse_non_folder(out, "--out")
     if threads:
         torch.set_num_threads(threads)
     runs: dict[str, Path] = {}

@@ -18,7 +18,7 @@ from attnlab.training.engine import config_dict
 _M, _T = RECIPE_MODEL, RECIPE_TRAIN
 # The settings each option sets, where their names differ (the others set the setting of their own name).
 _SETTING_KEYS = {"layers": ("num_layers",), "heads": ("num_heads",), "warmup": ("warmup_steps",),
-                 "max_positions": ("max_src_positions", "max_tgt_positions")}
+                 "max_positions": ("max_src_positions", "max_tgt_positions"), "leak": ("look_ahead_mask",)}
 
 
 @click.command(name="translate")
@@ -59,7 +59,7 @@ _SETTING_KEYS = {"layers": ("num_layers",), "heads": ("num_heads",), "warmup": (
               help="Keep the weights with the best validation BLEU (greedy) or the lowest validation loss.")
 @click.option("--valid-sentences", type=click.IntRange(min=0), default=0, show_default=True, help="Validate on the first N pairs only (0 = all).")
 @click.option("--seed", type=SEED, default=0, show_default=True)
-@click.option("--bf16", is_flag=True, help="bfloat16 autocast (fast only on CPUs and GPUs with bf16 units).")
+@click.option("--bf16/--no-bf16", default=False, help="bfloat16 autocast (fast only on CPUs and GPUs with bf16 units).")
 @click.option("--threads", type=click.IntRange(min=0), default=None, help="torch CPU threads (default: torch's choice).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its checkpoint.")
 @click.option("--no-look-ahead-mask", "leak", is_flag=True, hidden=True,
@@ -97,7 +97,8 @@ def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint
     # On --resume only the options given on this command line count: the run keeps its own for the rest.
     ctx = click.get_current_context()
     given = [name for name in ctx.params if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
-    values = {k: v for k, v in asdict(settings).items() if k != "tokenizers"} | model_kwargs | config_dict(config)
+    values = ({k: v for k, v in asdict(settings).items() if k != "tokenizers"} | model_kwargs | config_dict(config)
+              | {"share_embeddings": share_embeddings and joint_vocab, "tie_output": tie_output})
     requested = {key: values[key] for name in given for key in _SETTING_KEYS.get(name, (name,)) if key in values}
     with report_warnings():
         result = train_translation(train=train, valid=valid, out=out, settings=settings, model_kwargs=model_kwargs,

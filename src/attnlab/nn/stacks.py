@@ -47,6 +47,9 @@ def _check_caches(caches: list[KVCache] | None, layers: int, ids: Tensor) -> Non
     """One (self-attention) cache per layer, holding the batch that ``ids`` continues."""
     if caches is None:
         return
+    if layers == 0:  # the caches are what count the positions already seen; with no layer, nothing would
+        raise AttnlabError("a stack without layers keeps no caches, so it cannot decode incrementally; call it "
+                           "on the whole sequence instead")
     if len(caches) != layers:
         raise AttnlabError(f"caches has {len(caches)} entries, the stack has {layers} layers (use model.new_caches())")
     held = caches[0].k

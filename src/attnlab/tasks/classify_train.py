@@ -399,7 +399,7 @@ def train_classifier(
     """
     started = time.perf_counter()
     out = Path(out)
-    refuse_non_folder(out)
+    refuse_non_folder(out, "--out")
     main = is_main_process()
     note = on_note if main else (lambda _line: None)
     saved: dict[str, Any] | None = None

@@ -208,7 +208,7 @@ def check_leak_experiment(text: str | Path, out: str | Path, settings: LMSetting
         raise AttnlabError(f"--sample-tokens must be at least 1, got {sample_tokens}")
     settings.train_config().validate()
     out = Path(out)
-    refuse_non_folder(out)
+    refuse_non_folder(out, "--out")
     if out.exists():
         found = [name + ("/" if (out / name).is_dir() else "") for name in OUT_ENTRIES if (out / name).exists()]
         if found:

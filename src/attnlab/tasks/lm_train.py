@@ -296,7 +296,7 @@ def train_language_model(
         the model holding the kept (best) weights, in eval mode, and the report.
     """
     started = time.perf_counter()
-    refuse_non_folder(out)
+    refuse_non_folder(out, "--out")
     if resume:  # the saved settings win: a resumed run must repeat the steps of the one it continues
         run_config = read_run_config(out, task_name)
         saved = run_config["lm"]

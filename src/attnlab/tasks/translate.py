@@ -302,7 +302,8 @@ def _resumed_config(run_cfg: dict[str, Any], saved: TranslateSettings, requested
     started = run_cfg.get("train", {})
     if "seed" in requested and "seed" in started and requested["seed"] != started["seed"]:
         log(f"resume: keeping the run's seed {started['seed']} (--seed {requested['seed']} ignored)")
-    engine = {f.name for f in fields(TrainConfig)} - {"seed", "progress"}
+    # (where it runs and how, device, compile and the progress bar, are this process's, not the run's)
+    engine = {f.name for f in fields(TrainConfig)} - {"seed", "progress", "device", "compile"}
     kept = {k: tuple(v) if isinstance(v, list) else v for k, v in started.items() if k in engine | {"seed"}}
     resumed = replace(config, **{**kept, **{k: v for k, v in requested.items() if k in engine}})
     now = json.loads(json.dumps(config_dict(resumed)))  # as config.json holds it (tuples become lists)
@@ -339,7 +340,7 @@ def train_translation(
     config = train_config or TrainConfig(**RECIPE_TRAIN)
     config.validate()  # before anything is written: a bad setting leaves no half-made run
     existed = out.exists()  # a run that fails before its first checkpoint removes the folder only if it made it
-    refuse_non_folder(out)
+    refuse_non_folder(out, "--out")
     if resume:
         run_cfg = read_run_config(out, TASK)
         saved = TranslateSettings.from_dict(run_cfg["settings"])
