@@ -426,3 +426,14 @@ def test_a_table_into_a_closed_pipe_ends_with_sigpipes_status_not_a_checks_failu
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 128 + signal.SIGPIPE  # not 1, which says that a check failed
     assert "error" not in err and "Traceback" not in err, err
+
+
+def test_gradient_accumulation_steps_take_that_many_micro_batches(run, tmp_path):
+    """--grad-accum 2: each of the 20 steps reads two micro-batches of 16 windows, as nanoGPT's accumulation does."""
+    text = run[0].parent / "fox.txt"
+    args = [a if a != "80" else "20" for a in TINY]  # 20 steps
+    result = invoke("train", "lm", "--text", text, "--out", tmp_path / "acc", *args, "--grad-accum", "2")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "acc" / "result.json").read_text())
+    assert report["steps"] == 20 and report["tokens"] == 20 * 2 * 16 * 24
+    assert json.loads((tmp_path / "acc" / "config.json").read_text())["train"]["grad_accum"] == 2

@@ -68,7 +68,8 @@ class LMSettings:
     Attributes:
         layers, heads, width, context, dropout, positions, bias: the :class:`~attnlab.nn.DecoderLM` (no biases,
             as nanoGPT's default).
-        batch_size: windows per optimizer step.
+        batch_size: windows per micro-batch; ``grad_accum`` micro-batches make one optimizer step (nanoGPT's
+            ``gradient_accumulation_steps``: a larger batch in the memory of a smaller one).
         steps, lr, min_lr, warmup, weight_decay, betas, grad_clip: AdamW with linear warmup and cosine decay.
         ema_decay: evaluate and keep a moving average of the weights (0 = off; the engine's ``TrainConfig``).
         eval_every, eval_iters: evaluation during training (0 = only at the end), on how many batches.
@@ -90,6 +91,7 @@ class LMSettings:
     positions: str = "learned"
     bias: bool = False
     batch_size: int = 12
+    grad_accum: int = 1
     steps: int = 2000
     lr: float = 1e-3
     min_lr: float = 1e-4
@@ -123,7 +125,8 @@ class LMSettings:
             max_steps=self.steps, lr=self.lr, min_lr=self.min_lr, warmup_steps=self.warmup, schedule="cosine",
             weight_decay=self.weight_decay, betas=self.betas, grad_clip=self.grad_clip, ema_decay=self.ema_decay,
             eval_every=self.eval_every, log_every=self.log_every, bf16=self.bf16, compile=self.compile, seed=self.seed,
-            max_seconds=self.max_seconds, checkpoint_every=self.checkpoint_every, progress=progress,
+            max_seconds=self.max_seconds, checkpoint_every=self.checkpoint_every, grad_accum=self.grad_accum,
+            progress=progress,
         )
 
     def with_overrides(self, **overrides: Any) -> LMSettings:
