@@ -140,7 +140,9 @@ def test_bow_and_bpe_variants_train(tmp_path):
     assert probe["positions"] == "none" and probe["in_order"] == probe["shuffled"]
     padding = run("probe", "padding", tmp_path / "bow", "--data", train).output
     assert padding.startswith("note: this model has no attention layers") and "identical" in padding
-    assert "no attention layers" not in run("probe", "padding", tmp_path / "bpe", "--data", train).output
+    assert "zero attention" not in padding  # and no keys to hide either
+    layered = run("probe", "padding", tmp_path / "bpe", "--data", train).output
+    assert "no attention layers" not in layered and "zero attention here" in layered
 
 
 def one_error_line(result):
