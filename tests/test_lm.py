@@ -437,3 +437,17 @@ def test_gradient_accumulation_steps_take_that_many_micro_batches(run, tmp_path)
     report = json.loads((tmp_path / "acc" / "result.json").read_text())
     assert report["steps"] == 20 and report["tokens"] == 20 * 2 * 16 * 24
     assert json.loads((tmp_path / "acc" / "config.json").read_text())["train"]["grad_accum"] == 2
+
+
+def test_a_tokenizer_of_another_size_than_the_model_is_one_error(run, tmp_path):
+    """A folder mixing files of two runs would decode ids to the wrong characters: refused by name."""
+    import shutil
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(run[0], mixed)
+    saved = json.loads((mixed / "tokenizer.json").read_text())
+    saved["chars"] = saved["chars"][:-1]
+    (mixed / "tokenizer.json").write_text(json.dumps(saved))
+    result = invoke("generate", mixed, "--prompt", "the", "--max-new-tokens", 5)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "tokenizer.json has" in result.stderr and "the run folder mixes files of different runs" in result.stderr

@@ -49,7 +49,7 @@ def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float
         check_sampling(temperature, top_k, top_p)
     with torch_threads(threads):
         model, _ = load_run(run, task=TASK_NAME)
-        tokenizer = load_tokenizer(run / TOKENIZER_FILE)
+        tokenizer = load_tokenizer(run / TOKENIZER_FILE, model.lm_head.out_features)
         prompt_ids = tokenizer.encode(prompt)
         if not prompt_ids:
             raise AttnlabError(f"--prompt {prompt!r} encodes to no tokens; give some text the model knows")

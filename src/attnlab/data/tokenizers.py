@@ -189,9 +189,20 @@ class BPETokenizer:
         write_text_atomic(path, self.hf.to_str())
 
 
-def load_tokenizer(path: str | Path) -> WordTokenizer | CharTokenizer | BPETokenizer:
-    """Read a tokenizer saved by any of the classes above."""
-    path = Path(path)
+def load_tokenizer(path: str | Path, vocab_size: int | None = None) -> WordTokenizer | CharTokenizer | BPETokenizer:
+    """Read a tokenizer saved by any of the classes above.
+
+    ``vocab_size``: the model's vocabulary, which the tokenizer must match: a run folder that mixes files of
+    two runs would otherwise decode ids to the wrong text (or fail on ids past the end of the table).
+    """
+    tokenizer = _read_tokenizer(Path(path))
+    if vocab_size is not None and tokenizer.vocab_size != vocab_size:
+        raise AttnlabError(f"{path} has {tokenizer.vocab_size} ids but the model {vocab_size}; the run folder mixes "
+                           "files of different runs")
+    return tokenizer
+
+
+def _read_tokenizer(path: Path) -> WordTokenizer | CharTokenizer | BPETokenizer:
     if not path.is_file():
         raise AttnlabError(f"no tokenizer file {path}")
     text = path.read_text(encoding="utf-8")

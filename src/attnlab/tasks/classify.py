@@ -176,11 +176,7 @@ def load_classifier(run_dir: str | Path) -> Classifier:
     labels = config.get("labels")
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         raise AttnlabError(f"{run_dir / 'config.json'} has no list of labels")
-    tokenizer = load_tokenizer(run_dir / config.get("tokenizer", "tokenizer.json"))
-    vocab = model.encoder.embed.vocab_size
-    if tokenizer.vocab_size != vocab:
-        raise AttnlabError(f"{run_dir}: the tokenizer has {tokenizer.vocab_size} ids but the model {vocab}; "
-                           "the folder mixes files of different runs")
+    tokenizer = load_tokenizer(run_dir / config.get("tokenizer", "tokenizer.json"), model.encoder.embed.vocab_size)
     if "max_positions" not in config:
         raise AttnlabError(f"{run_dir / 'config.json'} does not say the model's max_positions")
     return Classifier(model, tokenizer, labels, config)

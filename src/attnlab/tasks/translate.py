@@ -235,11 +235,15 @@ def save_tokenizers(run: Path, src_tok: BPETokenizer, tgt_tok: BPETokenizer, set
     tgt_tok.save(run / settings.tokenizers["tgt"])
 
 
-def load_tokenizers(run: Path, settings: TranslateSettings) -> tuple[BPETokenizer, BPETokenizer]:
-    """The run's source and target tokenizers (one object when the vocabulary is joint)."""
+def load_tokenizers(run: Path, settings: TranslateSettings,
+                    vocab_sizes: tuple[int, int] | None = None) -> tuple[BPETokenizer, BPETokenizer]:
+    """The run's source and target tokenizers (one object when the vocabulary is joint); ``vocab_sizes``, the
+    model's (source, target) vocabularies, which they must match."""
     names = settings.tokenizers or {"src": "tokenizer.json", "tgt": "tokenizer.json"}
-    src_tok = load_tokenizer(run / names["src"])
-    tgt_tok = src_tok if names["tgt"] == names["src"] else load_tokenizer(run / names["tgt"])
+    src_size, tgt_size = vocab_sizes or (None, None)
+    src_tok = load_tokenizer(run / names["src"], src_size)
+    tgt_tok = (load_tokenizer(run / names["tgt"], tgt_size) if names["tgt"] != names["src"] or tgt_size != src_size
+               else src_tok)
     if not isinstance(src_tok, BPETokenizer) or not isinstance(tgt_tok, BPETokenizer):
         raise AttnlabError(f"{run} holds no BPE tokenizer for translation")
     return src_tok, tgt_tok
@@ -437,7 +441,7 @@ def load_translator(run: str | Path) -> Translator:
     if not isinstance(model, Transformer):
         raise AttnlabError(f"{run} holds a {type(model).__name__}, not an encoder-decoder Transformer")
     settings = TranslateSettings.from_dict(config.get("settings", {}))
-    src_tok, tgt_tok = load_tokenizers(run, settings)
+    src_tok, tgt_tok = load_tokenizers(run, settings, (model.encoder.embed.vocab_size, model.decoder.embed.vocab_size))
     return Translator(model, src_tok, tgt_tok, settings, config)
 
 
