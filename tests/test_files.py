@@ -90,3 +90,21 @@ def test_a_file_where_a_folder_should_be_is_named_without_blaming_an_option(tmp_
     (tmp_path / "s.xx").write_text("not a folder")
     with pytest.raises(AttnlabError, match=r"s.xx exists and is not a folder$"):
         write_text_atomic(tmp_path / "s.xx" / "out.txt", "x")
+
+
+def test_temporaries_abandoned_by_a_killed_writer_are_removed_by_the_next_write(tmp_path):
+    import subprocess
+    import sys
+
+    from attnlab.files import atomic_dir
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)  # a process that has ended: its temporaries can have no writer any more
+    abandoned = tmp_path / f".checkpoint.{pid}.abc123.tmp"
+    abandoned.mkdir()
+    (abandoned / "model.safetensors").write_bytes(b"half")
+    mine = tmp_path / f".checkpoint.{os.getpid()}.def456.tmp"  # a live writer's (this process): kept
+    mine.mkdir()
+    with atomic_dir(tmp_path / "checkpoint") as tmp:
+        (tmp / "a.txt").write_text("a")
+    assert not abandoned.exists() and mine.exists() and (tmp_path / "checkpoint" / "a.txt").read_text() == "a"

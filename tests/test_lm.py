@@ -234,6 +234,9 @@ def test_nanogpt_preset_builds_nanogpts_model_and_counts_its_flops():
     assert flops_per_token(model, 64) == 6 * n + 12 * 4 * 128 * 64
     with_bias = build_lm(LM_PRESETS["nanogpt-cpu"].with_overrides(bias=True), vocab_size=65)
     assert with_bias.num_parameters() - model.num_parameters() == 4 * (2 * 128 + 3 * 128 + 128 + 512 + 128) + 128
+    # `attnlab summary --preset gpt-char`, which its description calls nanoGPT's model, is the same model.
+    shown = json.loads(invoke("summary", "--preset", "gpt-char", "--json").stdout)
+    assert shown["total"] == 804_096 and "nanoGPT" in shown["source"]
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "none"])

@@ -125,6 +125,10 @@ def test_early_stopping_and_best_weights(tmp_path):
     result = trainer.fit()
     assert result.stopped_early and result.steps == 6 and result.best["step"] == 2
     assert (tmp_path / "model.safetensors").is_file()
+    # Resumed, a run that early stopping ended stays ended: no step more, the same best.
+    again = Trainer(task.model(), task, TrainConfig(max_steps=50, eval_every=2, patience=2, progress=False), tmp_path)
+    resumed = again.fit(resume=True)
+    assert resumed.stopped_early and resumed.steps == 6 and resumed.best["step"] == 2
 
 
 def test_schedules():
@@ -180,6 +184,8 @@ def test_model_classes_must_be_registered_and_registered_ones_round_trip(tmp_pat
     class RegisteredLM(DecoderLM):
         pass
 
+    with pytest.raises(AttnlabError, match="a model class named DecoderLM is already registered"):
+        register_model(type("DecoderLM", (torch.nn.Module,), {}))  # would take over every saved language model
     model = RegisteredLM(20, 16, 1, 2, max_positions=8).eval()
     write_run_config(tmp_path, {"task": "lm", "model": model_config(model)})
     save_weights(model, tmp_path / "model.safetensors")
@@ -304,3 +310,23 @@ def test_every_model_class_a_task_registers_is_listed_where_load_run_finds_it():
         importlib.import_module(f"attnlab.tasks.{module.name}")
     registered = {name: cls.__module__ for name, cls in MODEL_CLASSES.items() if cls.__module__.startswith("attnlab.tasks")}
     assert registered == MODEL_MODULES
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"max_steps": 2.5}, "max_steps must be a whole number, got 2.5"),
+    ({"warmup_steps": math.inf}, "warmup_steps must be a whole number, got inf"),
+    ({"grad_clip": math.nan}, "grad_clip must be a finite number, got nan"),
+    ({"weight_decay": math.nan}, "weight_decay must be a finite number"),
+    ({"betas": (1.5, 0.9)}, r"betas must be two numbers in \[0, 1\), got \(1.5, 0.9\)"),
+    ({"device": "mps"}, "device must be 'auto', 'cpu' or 'cuda'"),
+])
+def test_settings_the_engine_cannot_honour_are_refused_by_name(bad, message, tmp_path):
+    with pytest.raises(AttnlabError, match=message):
+        TrainConfig(**bad).validate()
+
+
+def test_a_run_folder_that_is_a_file_is_one_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    task = ToyTask()
+    with pytest.raises(AttnlabError, match="exists and is not a folder"):
+        Trainer(task.model(), task, TrainConfig(max_steps=2, progress=False), tmp_path / "file")

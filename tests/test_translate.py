@@ -141,6 +141,12 @@ def test_attention_heatmap_for_one_sentence(toy):
     png = toy["root"] / "att.png"
     result = run_cli("attention", toy["run"], "ka lo mi nu", "--out", png, "--layer", "1")
     assert result.stdout == "red blue green gold\n" and png.read_bytes()[:4] == b"\x89PNG"
+    pdf = toy["root"] / "att.pdf"  # the name's suffix is the format, not PNG bytes under any name
+    run_cli("attention", toy["run"], "ka lo mi nu", "--out", pdf)
+    assert pdf.read_bytes()[:4] == b"%PDF"
+    refused = CliRunner().invoke(cli, ["attention", str(toy["run"]), "ka", "--out", str(toy["root"] / "att.docx")])
+    assert refused.exit_code == 2 and "matplotlib cannot write .docx figures" in refused.stderr
+    assert not (toy["root"] / "att.docx").exists()
 
 
 def test_attention_of_a_translation_that_fills_the_position_table(toy, monkeypatch):
@@ -152,6 +158,12 @@ def test_attention_of_a_translation_that_fills_the_position_table(toy, monkeypat
     att = cross_attention(tr, "ka lo mi nu")
     assert att.weights.shape == (table, len(att.src_pieces)) and len(att.out_pieces) == table
     assert "<eos>" not in att.out_pieces
+    # Cut by --max-len-a/-b instead: one row a generated token, none for an <eos> the decoder never wrote.
+    monkeypatch.undo()
+    cut = cross_attention(tr, "ka lo mi", decode=DecodeSettings(beam_size=1, max_len_a=0, max_len_b=1))
+    assert cut.translation == "red" and cut.out_pieces == ["▁red"] and cut.weights.shape[0] == 1
+    whole = cross_attention(tr, "ka lo mi", decode=DecodeSettings(beam_size=1))
+    assert whole.out_pieces[-1] == "<eos>" and len(whole.out_pieces) == 4
 
 
 def test_shared_embeddings_asked_for_with_separate_vocabularies_is_one_line(toy, tmp_path):
@@ -277,6 +289,10 @@ def test_resume_continues_a_run_from_its_checkpoint(toy, tmp_path):
     assert steps[-1] == 305 and steps == sorted(steps)
     # More steps than the run started with is allowed, but said aloud, and config.json records what was used.
     assert "resume: continuing with other training settings than before: max_steps 300 -> 305" in result.stderr
+    shorter = CliRunner().invoke(cli, [str(a) for a in (
+        "train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src", "xx", "--tgt",
+        "yy", "--out", run, "--resume", "--max-steps", "200", "--no-progress")])
+    assert shorter.exit_code == 2 and "is at step 305, past max_steps 200; resume with at least 305" in shorter.stderr
     assert json.loads((run / "config.json").read_text())["train"]["max_steps"] == 305
     assert "ignored" not in result.stderr  # the same data and model flags as the run: nothing to ignore
     # Other data would give other batches: refused before anything changes, for either split.

@@ -8,6 +8,7 @@ reader sees the old file or the new one, never a mixture.
 from __future__ import annotations
 
 import codecs
+import glob
 import gzip
 import json
 import os
@@ -71,6 +72,33 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
+def _temporary_prefix(path: Path) -> str:
+    """``.NAME.PID.``: the temporaries of ``path`` name their writer, so that abandoned ones can be told apart."""
+    return f".{path.name}.{os.getpid()}."
+
+
+def _remove_abandoned(path: Path) -> None:
+    """Remove temporaries of ``path`` whose writer no longer runs (killed outright mid-write): a checkpoint
+    folder is a whole model's size, and every such kill would leave one more."""
+    for leftover in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = leftover.name[len(path.name) + 2 :].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
+
+
 def _umask() -> int:
     mask = os.umask(0)  # the only way to read it is to set it
     os.umask(mask)
@@ -90,7 +118,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         raise AttnlabError(f"{path} is a folder; give a file name to write")
     ensure_writable_dir(path.parent)
     mode = path.stat().st_mode & 0o7777 if path.is_file() else 0o666 & ~_umask()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _remove_abandoned(path)
+    fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -127,7 +156,8 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     ensure_writable_dir(path.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    _remove_abandoned(path)
+    tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent))
     tmp.chmod(0o777 & ~_umask())  # mkdtemp's folders are private (0700); a made folder follows the umask
     try:
         yield tmp

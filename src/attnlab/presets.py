@@ -57,8 +57,8 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
     ),
     "gpt-char": ModelPreset(
         DecoderLM,
-        dict(vocab_size=65, d_model=128, num_layers=4, num_heads=4, max_positions=64),
-        "nanoGPT's CPU character-level Shakespeare model: 4 layers, 4 heads, width 128, context 64",
+        dict(vocab_size=65, d_model=128, num_layers=4, num_heads=4, max_positions=64, bias=False),
+        "nanoGPT's CPU character-level Shakespeare model: 4 layers, 4 heads, width 128, context 64, no biases",
     ),
 }
 

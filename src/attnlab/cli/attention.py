@@ -11,13 +11,15 @@ from attnlab.cli.translate import decode_options, decode_settings, report_warnin
 
 
 def plot_heatmap(src_pieces: list[str], out_pieces: list[str], weights, path: Path, title: str) -> None:
-    """Draw ``weights`` (T, S) with source pieces along x and output pieces along y; write a PNG atomically."""
+    """Draw ``weights`` (T, S) with source pieces along x and output pieces along y; write it atomically, in the
+    format the name's suffix asks for (PNG without one)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from attnlab.files import atomic_path
+    from attnlab.training.plots import figure_format
 
     fig, ax = plt.subplots(figsize=(0.45 * len(src_pieces) + 2.5, 0.4 * len(out_pieces) + 2.0))
     image = ax.imshow(weights.numpy(), cmap="viridis", vmin=0.0, aspect="auto")
@@ -29,14 +31,14 @@ def plot_heatmap(src_pieces: list[str], out_pieces: list[str], weights, path: Pa
     fig.colorbar(image, ax=ax, fraction=0.04, label="attention weight")
     fig.tight_layout()
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
+        fig.savefig(tmp, format=figure_format(path, "--out"), dpi=120)
     plt.close(fig)
 
 
 @click.command(name="attention")
 @click.argument("run", type=PathParam(path_type=Path))
 @click.argument("sentence")
-@click.option("--out", "out", required=True, type=PathParam(path_type=Path), help="PNG file to write.")
+@click.option("--out", "out", required=True, type=PathParam(path_type=Path), help="Figure to write (.png, .pdf, .svg, ...).")
 @click.option("--layer", type=int, default=None, help="Decoder layer, from 1 (default: the last).")
 @decode_options
 def attention(run: Path, sentence: str, out: Path, layer: int | None, beam: int, length_penalty: float,
@@ -44,9 +46,11 @@ def attention(run: Path, sentence: str, out: Path, layer: int | None, beam: int,
     """Translate SENTENCE with RUN and draw the cross-attention of one decoder layer, averaged over its heads."""
     from attnlab.errors import AttnlabError
     from attnlab.tasks.translate import cross_attention, load_translator
+    from attnlab.training.plots import figure_format
 
     if not sentence.strip():
         raise AttnlabError("the sentence is empty")
+    figure_format(out, "--out")  # a name matplotlib cannot write is said before the translation
     settings = decode_settings(beam, length_penalty, max_len_a, max_len_b, threads)
     translator = load_translator(run)
     with report_warnings():

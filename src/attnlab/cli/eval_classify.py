@@ -13,6 +13,7 @@ from attnlab.cli.params import PathParam
 from attnlab.tasks.classify import load_classifier
 from attnlab.tasks.classify_eval import draw_confusion, evaluate_table
 from attnlab.tasks.tables import read_table
+from attnlab.training.plots import figure_format
 
 
 @click.command("classify")
@@ -26,6 +27,8 @@ from attnlab.tasks.tables import read_table
 def eval_classify(run: Path, data: Path, text_column: str | None, label_column: str | None, confusion: Path | None,
                   as_json: bool) -> None:
     """Score the run RUN on the labelled table --data."""
+    if confusion is not None:
+        figure_format(confusion, "--confusion")  # a name matplotlib cannot write is said before the scoring
     clf = load_classifier(run)
     table = read_table(data, text_column=text_column or clf.config.get("text_column", "text"),
                        label_column=label_column, prefer_label_column=clf.config.get("label_column"))

@@ -23,7 +23,7 @@ def summary(preset: str, expand: bool, as_json: bool) -> None:
     rows = summarize(model, expand=expand)
     total = total_parameters(rows)
     if as_json:
-        click.echo(json.dumps({"preset": preset, "total": total,
+        click.echo(json.dumps({"preset": preset, "source": MODEL_PRESETS[preset].source, "total": total,
                                "rows": [r.__dict__ for r in rows]}))
         return
     table = Table(title=f"{preset}: {MODEL_PRESETS[preset].source}", title_justify="left")

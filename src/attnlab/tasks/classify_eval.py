@@ -15,6 +15,7 @@ from typing import Any
 from attnlab.files import atomic_path
 from attnlab.tasks.classify import Classifier
 from attnlab.tasks.tables import Table
+from attnlab.training.plots import figure_format
 
 
 @dataclass
@@ -110,6 +111,6 @@ def draw_confusion(truth: list[str], predicted: list[str], labels: list[str], pa
     fig.tight_layout()
     path = Path(path)
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+        fig.savefig(tmp, format=figure_format(path, "--confusion"), dpi=110)
     plt.close(fig)
     return path

@@ -31,7 +31,7 @@ from attnlab.errors import AttnlabError
 from attnlab.files import refuse_non_folder, write_json_atomic
 from attnlab.nn import Transformer, padding_mask
 from attnlab.nn.attention import KVCache
-from attnlab.tasks.decoding import DecodeSettings, translate_ids
+from attnlab.tasks.decoding import DecodeSettings, max_lengths, translate_ids
 from attnlab.tasks.parallel_data import (
     Pairs,
     check_nonempty,
@@ -462,7 +462,8 @@ class CrossAttention:
 
     Attributes:
         src_pieces: source subword pieces (S,), ending in ``<eos>``.
-        out_pieces: output pieces (T,), ending in ``<eos>``.
+        out_pieces: output pieces (T,), ending in ``<eos>`` when the search ended there (not when its length
+            limit cut it).
         weights: (T, S); row ``t`` is where the decoder looked while predicting output piece ``t``.
         translation: the detokenized output.
         layer: the decoder layer (from 1) and ``layers`` how many there are; ``heads`` averaged.
@@ -490,10 +491,13 @@ def cross_attention(translator: Translator, sentence: str, *, layer: int | None 
     if not 1 <= layer <= layers:
         raise AttnlabError(f"--layer must be between 1 and {layers}, got {layer}")
     src = torch.tensor(translator.encode_sources([sentence]))
-    hyp = translate_ids(model, src.tolist(), decode or DecodeSettings())[0]
-    # A hypothesis stopped by the position table (no <eos>) fills it: feeding it after <bos> would overrun by one.
-    tgt_in = [BOS_ID, *hyp][: model.decoder.embed.max_positions]
-    out_ids = [*hyp, EOS_ID][: len(tgt_in)]
+    decode = decode or DecodeSettings()
+    hyp = translate_ids(model, src.tolist(), decode)[0]
+    # The search stops on <eos> or at its length limit (the position table included); only in the first case
+    # did the decoder write an <eos> row, so a hypothesis the limit cut gets no row for it.
+    ended = len(hyp) < int(max_lengths(src, model, decode.max_len_a, decode.max_len_b)[0])
+    out_ids = [*hyp, EOS_ID] if ended else hyp
+    tgt_in = [BOS_ID, *out_ids[:-1]]
     with torch.inference_mode():
         _, weights = model(src, torch.tensor([tgt_in]), return_attention=True)
     att = weights[f"decoder_layer{layer}_block2_decenc_att"][0]  # (heads, T, S)

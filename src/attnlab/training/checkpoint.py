@@ -48,7 +48,16 @@ MODEL_MODULES = {
 
 
 def register_model(cls: ModelClass) -> ModelClass:
-    """Class decorator: let run configs name ``cls`` (it must keep its constructor arguments in ``.config``)."""
+    """Class decorator: let run configs name ``cls`` (it must keep its constructor arguments in ``.config``).
+
+    Run configs name a class by its bare name, so a second class of a name already taken is refused: it would
+    take over every run saved with the first (``Transformer``, say). The same class registered again (a module
+    reloaded) replaces itself.
+    """
+    held = MODEL_CLASSES.get(cls.__name__)
+    if held is not None and (held.__module__, held.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise AttnlabError(f"a model class named {cls.__name__} is already registered (from {held.__module__}); "
+                           "give yours another name")
     MODEL_CLASSES[cls.__name__] = cls
     return cls
 

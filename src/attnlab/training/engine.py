@@ -40,6 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from attnlab.errors import AttnlabError
+from attnlab.files import refuse_non_folder
 from attnlab.training import distributed
 from attnlab.training.checkpoint import (
     CONFIG,
@@ -119,6 +120,18 @@ class TrainConfig:
     progress: bool = True
 
     def validate(self) -> None:
+        counts = ("max_steps", "grad_accum", "warmup_steps", "eval_every", "patience", "checkpoint_every", "log_every")
+        for name in counts:  # 2.5 steps would run 3; inf warmup steps would train at a learning rate of 0
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise AttnlabError(f"{name} must be a whole number, got {value!r}")
+        for name in ("lr", "min_lr", "weight_decay", "grad_clip", "ema_decay", "max_seconds"):
+            if not math.isfinite(getattr(self, name)):  # NaN passes every comparison below
+                raise AttnlabError(f"{name} must be a finite number, got {getattr(self, name)!r}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise AttnlabError(f"AdamW's betas must be two numbers in [0, 1), got {self.betas!r}")
+        if self.device not in ("auto", "cpu") and not (self.device.startswith("cuda") and torch.cuda.is_available()):
+            raise AttnlabError(f"device must be 'auto', 'cpu' or 'cuda' (with a GPU torch can use), got {self.device!r}")
         if self.max_steps < 1:
             raise AttnlabError(f"max_steps must be >= 1, got {self.max_steps}")
         if self.grad_accum < 1:
@@ -190,6 +203,7 @@ class Trainer:
 
     def __init__(self, model: nn.Module, task: Task, config: TrainConfig, out: str | Path) -> None:
         config.validate()
+        refuse_non_folder(out)
         self.config, self.task, self.out = config, task, Path(out)
         self.place = distributed.setup(config.device)
         if self.place.is_main:
@@ -259,6 +273,9 @@ class Trainer:
         if not has_checkpoint(self.out):
             raise AttnlabError(f"nothing to resume in {self.out}: no checkpoint/ folder")
         self.state.update(load_checkpoint(self.out, self.model, self.optimizer, averaged=self.averaged))
+        if self.state["step"] > self.config.max_steps:  # it would take no step, and record a length it never had
+            raise AttnlabError(f"the checkpoint in {self.out} is at step {self.state['step']}, past max_steps "
+                               f"{self.config.max_steps}; resume with at least {self.state['step']}")
         self.checkpoint_step = self.state["step"]
         self._trim_metrics(self.state["step"])
 
@@ -372,7 +389,9 @@ class Trainer:
             # every process loaded from the checkpoint: in the loop each process's clock differs a little, and the
             # broadcast out_of_time flag below is what stops them all at the same step.
             spent = bool(cfg.max_seconds and self.state["elapsed"] >= cfg.max_seconds)
-            while not spent and self.state["step"] < cfg.max_steps:
+            # Likewise one that early stopping ended: its patience ran out at the checkpoint's evaluation.
+            stopped_early = bool(cfg.patience and self.state["evals_without_improvement"] >= cfg.patience)
+            while not spent and not stopped_early and self.state["step"] < cfg.max_steps:
                 micro = [next(batches) for _ in range(cfg.grad_accum)]
                 loss, tokens = self._step(micro)
                 self.state["step"] += 1

@@ -1,11 +1,26 @@
-"""The loss curve of a run, drawn from its metrics.jsonl."""
+"""The loss curve of a run, drawn from its metrics.jsonl; the file format a figure's name asks for."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from attnlab.errors import AttnlabError
 from attnlab.files import atomic_path
+
+
+def figure_format(path: str | Path, option: str) -> str:
+    """The format matplotlib writes for a figure named ``path`` (``.png``, ``.pdf``, ``.svg``, ...; no suffix:
+    PNG); a suffix it cannot write is refused before any work, naming ``option``, rather than written as PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    suffix = Path(path).suffix.lower().lstrip(".")
+    known = FigureCanvasAgg(Figure()).get_supported_filetypes()
+    if suffix and suffix not in known:
+        raise AttnlabError(f"{option} {path}: matplotlib cannot write .{suffix} figures; use one of "
+                           + ", ".join(f".{k}" for k in sorted(known)))
+    return suffix or "png"
 
 
 def plot_loss_curve(metrics_path: str | Path, out_png: str | Path) -> None:
