@@ -330,3 +330,32 @@ def test_a_run_folder_that_is_a_file_is_one_error(tmp_path):
     task = ToyTask()
     with pytest.raises(AttnlabError, match="exists and is not a folder"):
         Trainer(task.model(), task, TrainConfig(max_steps=2, progress=False), tmp_path / "file")
+
+
+def test_a_score_that_is_not_finite_stops_training_instead_of_never_keeping_weights(tmp_path):
+    class Diverged(ToyTask):
+        def evaluate(self, model):
+            return {"score": math.nan}
+
+    task = Diverged()
+    trainer = Trainer(task.model(), task, TrainConfig(max_steps=4, eval_every=2, progress=False), tmp_path)
+    with pytest.raises(TrainingError, match="the evaluation at step 2 gave a score of nan"):
+        trainer.fit()
+
+
+def test_a_run_the_time_budget_stops_says_so(tmp_path):
+    task = ToyTask()
+    result = Trainer(task.model(), task, TrainConfig(max_steps=10_000, max_seconds=0.2, progress=False), tmp_path).fit()
+    assert result.out_of_time and result.steps < 10_000
+    full = Trainer(task.model(), task, TrainConfig(max_steps=3, progress=False), tmp_path / "full").fit()
+    assert not full.out_of_time and full.steps == 3
+
+
+def test_models_that_cannot_be_described_or_rebuilt_are_named(tmp_path):
+    plain = type("NoConfig", (torch.nn.Module,), {})
+    register_model(plain)
+    with pytest.raises(AttnlabError, match="keeps no .config dict"):
+        model_config(plain())
+    with pytest.raises(AttnlabError, match="model description in the config is not usable"):
+        build_model({"class": "DecoderLM", "kwargs": {"vocab_size": -1, "d_model": 8, "num_layers": 1,
+                                                      "num_heads": 2}})

@@ -369,6 +369,18 @@ def test_a_bare_resume_keeps_every_setting_of_the_run(toy, tmp_path):
     assert json.loads((killed / "result.json").read_text())["steps"] == 300
 
 
+def test_a_translation_run_the_time_budget_stopped_says_so_on_its_last_line(toy, tmp_path):
+    import shutil
+
+    run = tmp_path / "timed"
+    shutil.copytree(toy["run"], run)  # 300 steps done; the budget below is spent before the first new one
+    result = run_cli("train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src",
+                     "xx", "--tgt", "yy", "--out", run, "--resume", "--max-steps", "400", "--max-seconds", "0.5",
+                     "--no-progress")
+    assert result.stdout.strip().splitlines()[-1].startswith("300 steps (stopped by the --max-seconds time budget)")
+    assert json.loads((run / "result.json").read_text())["out_of_time"] is True
+
+
 def test_a_new_run_refuses_a_folder_that_holds_one_and_leaves_it_intact(toy):
     run = toy["run"]
     before = {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()}

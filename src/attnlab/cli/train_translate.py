@@ -110,5 +110,6 @@ def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint
               f"loss {best['loss']:.3f}" if best else "no validation ran")
     tokenizers = ", ".join(sorted(p.name for p in out.glob("tokenizer*.json")))  # one joint, or one a side
     click.echo(f"run folder: {out} (model.safetensors, config.json, {tokenizers}, metrics.jsonl, loss.png, result.json)")
-    click.echo(f"{result.steps} steps in {result.elapsed:.1f} s ({result.tokens_per_second:,.0f} source and target "
-               f"tokens/s) | {chosen}")
+    stopped = " (stopped by the --max-seconds time budget)" if result.out_of_time else ""
+    click.echo(f"{result.steps} steps{stopped} in {result.elapsed:.1f} s ({result.tokens_per_second:,.0f} source and "
+               f"target tokens/s) | {chosen}")

@@ -34,7 +34,8 @@ def decode_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="GNMT alpha, 0 to 5: scores are log p / ((5 + len) / 6) ** alpha."),
         click.option("--max-len-a", type=FiniteFloat(min=0), default=1.5, show_default=True, help="At most a * source length + b tokens."),
         click.option("--max-len-b", type=click.IntRange(min=0), default=10, show_default=True),
-        click.option("--threads", type=click.IntRange(min=1), default=None, help="torch CPU threads (default: torch's choice)."),
+        click.option("--threads", type=click.IntRange(min=0), default=None,
+                     help="torch CPU threads (0 or unset: torch's choice)."),
     ]):
         fn = option(fn)
     return fn

@@ -400,7 +400,8 @@ def train_translation(
     if is_main_process():
         write_json_atomic(out / RESULT, {"steps": result.steps, "seconds": round(result.elapsed, 1),
                                          "tokens_per_second": round(result.tokens_per_second), "best": result.best,
-                                         "final_loss": result.final_loss, "stopped_early": result.stopped_early})
+                                         "final_loss": result.final_loss, "stopped_early": result.stopped_early,
+                                         "out_of_time": result.out_of_time})
     return result
 
 

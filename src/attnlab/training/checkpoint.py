@@ -117,6 +117,9 @@ def model_config(model: nn.Module) -> dict[str, Any]:
     name = type(inner).__name__
     if name not in MODEL_CLASSES:
         raise AttnlabError(f"cannot save a model of class {name}: it is not registered (register_model)")
+    if not isinstance(getattr(inner, "config", None), dict):
+        raise AttnlabError(f"cannot save a model of class {name}: it keeps no .config dict of its constructor "
+                           "arguments, which rebuilding it needs")
     return {"class": name, "kwargs": dict(inner.config)}
 
 
@@ -132,7 +135,7 @@ def build_model(spec: dict[str, Any]) -> nn.Module:
         raise AttnlabError(f"the config names the model class {spec.get('class')!r}, which no loaded module registers")
     try:
         return cls(**spec["kwargs"])
-    except (KeyError, TypeError) as err:
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:  # RuntimeError: torch refusing a size
         raise AttnlabError(f"model description in the config is not usable: {err}") from err
 
 

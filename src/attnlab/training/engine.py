@@ -164,6 +164,7 @@ class TrainResult:
     best: dict[str, float] = field(default_factory=dict)
     final_loss: float = math.nan
     stopped_early: bool = False
+    out_of_time: bool = False  # stopped by the time budget (max_seconds) before max_steps
 
 
 def seed_everything(seed: int) -> None:
@@ -354,6 +355,9 @@ class Trainer:
                 metrics = {k: float(v) for k, v in self.task.evaluate(model).items()}
             if "score" not in metrics:
                 raise AttnlabError("the task's evaluate() must return a 'score'")
+            if not math.isfinite(metrics["score"]):  # no weights would ever count as the best: say so now
+                raise TrainingError(f"the evaluation at step {self.state['step']} gave a score of "
+                                    f"{metrics['score']}: the model's outputs are no longer finite")
             improved = metrics["score"] > self.state["best_score"]
             if improved:
                 self.state.update(best_score=metrics["score"], best={**metrics, "step": self.state["step"]},
@@ -388,7 +392,7 @@ class Trainer:
             # A resumed run that had spent its time budget takes no further step. Decided once, from the counters
             # every process loaded from the checkpoint: in the loop each process's clock differs a little, and the
             # broadcast out_of_time flag below is what stops them all at the same step.
-            spent = bool(cfg.max_seconds and self.state["elapsed"] >= cfg.max_seconds)
+            spent = bool(cfg.max_seconds and self.state["elapsed"] >= cfg.max_seconds and self.state["step"] < cfg.max_steps)
             # Likewise one that early stopping ended: its patience ran out at the checkpoint's evaluation.
             stopped_early = bool(cfg.patience and self.state["evals_without_improvement"] >= cfg.patience)
             while not spent and not stopped_early and self.state["step"] < cfg.max_steps:
@@ -414,6 +418,7 @@ class Trainer:
                     bar.update(1)
                 out_of_time = bool(cfg.max_seconds and self.state["elapsed"] >= cfg.max_seconds)
                 out_of_time = distributed.broadcast_flag(out_of_time, self.place)
+                spent = out_of_time and step < cfg.max_steps
                 last = step == cfg.max_steps or out_of_time
                 evaluated = False
                 if (cfg.eval_every and step % cfg.eval_every == 0) or last:
@@ -436,6 +441,7 @@ class Trainer:
             steps=self.state["step"], elapsed=elapsed, tokens_per_second=self.state["tokens"] / max(elapsed, 1e-9),
             tokens=self.state["tokens"],
             best=dict(self.state["best"]), final_loss=self.state["last_loss"], stopped_early=stopped_early,
+            out_of_time=spent,
         )
 
     def close(self) -> None:
