@@ -709,6 +709,13 @@ def test_a_model_of_another_kind_is_told_to_check_its_kind():
     result = run_checks(lm, Contract("seq2seq", vocab_size=20), seeds=1, only=["causal"]).results[0]
     assert "[a seq2seq is called as model(src, tgt): is --kind right?]" in result.summary
 
+    class Optional(nn.Module):  # Python says "forward() takes from 1 to 2 positional arguments but 3 were given"
+        def forward(self, ids=None):
+            return lm(ids)
+
+    result = run_checks(Optional(), Contract("seq2seq", vocab_size=20), seeds=1, only=["causal"]).results[0]
+    assert "takes from 1 to 2 positional" in result.summary and "is --kind right?" in result.summary, result.summary
+
     def broken(ids):  # a TypeError of torch's, inside a model of the right kind: no hint about --kind
         return torch.nn.functional.linear((ids,), torch.ones(2, 2))
 

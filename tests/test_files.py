@@ -105,6 +105,12 @@ def test_temporaries_abandoned_by_a_killed_writer_are_removed_by_the_next_write(
     (abandoned / "model.safetensors").write_bytes(b"half")
     mine = tmp_path / f".checkpoint.{os.getpid()}.def456.tmp"  # a live writer's (this process): kept
     mine.mkdir()
+    # Not ours to judge: another file's temporary whose name starts the same way, and a name that is no pid.
+    other = tmp_path / f".checkpoint.20000.{pid}.xyz789.tmp"  # belongs to "checkpoint.20000"
+    other.mkdir()
+    odd = tmp_path / ".checkpoint.20240101120000.abc.tmp"
+    odd.mkdir()
     with atomic_dir(tmp_path / "checkpoint") as tmp:
         (tmp / "a.txt").write_text("a")
     assert not abandoned.exists() and mine.exists() and (tmp_path / "checkpoint" / "a.txt").read_text() == "a"
+    assert other.exists() and odd.exists()

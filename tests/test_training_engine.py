@@ -129,6 +129,15 @@ def test_early_stopping_and_best_weights(tmp_path):
     again = Trainer(task.model(), task, TrainConfig(max_steps=50, eval_every=2, patience=2, progress=False), tmp_path)
     resumed = again.fit(resume=True)
     assert resumed.stopped_early and resumed.steps == 6 and resumed.best["step"] == 2
+    # A run that reached max_steps with its patience spent at the last evaluation was not stopped early: given more
+    # steps, it takes them.
+    seed_everything(0)
+    ended = Trainer(task.model(), task, TrainConfig(max_steps=6, eval_every=2, patience=2, progress=False),
+                    tmp_path / "ended").fit()
+    assert not ended.stopped_early and ended.steps == 6
+    longer = Trainer(task.model(), task, TrainConfig(max_steps=8, eval_every=2, patience=2, progress=False),
+                     tmp_path / "ended").fit(resume=True)
+    assert longer.steps == 8
 
 
 def test_schedules():
@@ -323,6 +332,14 @@ def test_every_model_class_a_task_registers_is_listed_where_load_run_finds_it():
 def test_settings_the_engine_cannot_honour_are_refused_by_name(bad, message, tmp_path):
     with pytest.raises(AttnlabError, match=message):
         TrainConfig(**bad).validate()
+
+
+def test_numpy_integers_are_whole_numbers_too():
+    import numpy as np
+
+    config = TrainConfig(max_steps=np.int64(100), eval_every=np.int32(10))
+    config.validate()
+    assert type(config.max_steps) is int and config.max_steps == 100
 
 
 def test_a_run_folder_that_is_a_file_is_one_error(tmp_path):

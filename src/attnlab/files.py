@@ -12,6 +12,7 @@ import glob
 import gzip
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -89,14 +90,21 @@ def _temporary_prefix(path: Path) -> str:
 
 def _remove_abandoned(path: Path) -> None:
     """Remove temporaries of ``path`` whose writer no longer runs (killed outright mid-write): a checkpoint
-    folder is a whole model's size, and every such kill would leave one more."""
+    folder is a whole model's size, and every such kill would leave one more. Only names of exactly
+    :func:`_temporary_prefix`'s form count (``.hyp.txt.1.PID.*.tmp`` belongs to ``hyp.txt.1``, not ``hyp.txt``),
+    and a leftover that cannot be removed is left: tidying never stops the write itself."""
+    form = re.compile(re.escape(f".{path.name}.") + r"(\d{1,9})\.[^.]+\.tmp")  # mkstemp's random part has no dot
     for leftover in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        pid = leftover.name[len(path.name) + 2 :].split(".", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        match = form.fullmatch(leftover.name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        try:
             if leftover.is_dir():
-                shutil.rmtree(leftover, ignore_errors=True)
+                shutil.rmtree(leftover)
             else:
-                leftover.unlink(missing_ok=True)
+                leftover.unlink()
+        except OSError:  # another user's, or already gone
+            pass
 
 
 def _umask() -> int:

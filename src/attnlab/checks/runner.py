@@ -21,7 +21,8 @@ from attnlab.errors import AttnlabError
 
 CheckFn = Callable[[ModelUnderTest, Sequence[int]], CheckResult]
 #: Python's own words for a call with the wrong inputs (not a TypeError that torch raises inside the model).
-_WRONG_ARITY = re.compile(r"takes \d+ positional arguments? but \d+ (were|was) given|missing \d+ required positional")
+_WRONG_ARITY = re.compile(r"takes (from \d+ to )?\d+ positional arguments? but \d+ (were|was) given"
+                          r"|missing \d+ required positional")
 
 #: Every check by name, in the order they run and are reported.
 CHECKS: dict[str, CheckFn] = {

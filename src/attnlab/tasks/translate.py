@@ -354,8 +354,10 @@ def train_translation(
                          | config_dict(config))
         config = _resumed_config(run_cfg, saved, requested, config, log)
         settings = saved
-        model_kwargs = {k: run_cfg["model"]["kwargs"][k] for k in ("max_src_positions", "max_tgt_positions")}
-        src_tok, tgt_tok = load_tokenizers(out, settings)
+        saved_model = run_cfg["model"]["kwargs"]
+        model_kwargs = {k: saved_model[k] for k in ("max_src_positions", "max_tgt_positions")}
+        sizes = (saved_model.get("src_vocab_size"), saved_model.get("tgt_vocab_size"))
+        src_tok, tgt_tok = load_tokenizers(out, settings, None if None in sizes else sizes)
     elif is_main_process() and (out / CONFIG).exists():  # a new run would overwrite this one's files
         raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     else:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import numbers
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -123,8 +124,9 @@ class TrainConfig:
         counts = ("max_steps", "grad_accum", "warmup_steps", "eval_every", "patience", "checkpoint_every", "log_every")
         for name in counts:  # 2.5 steps would run 3; inf warmup steps would train at a learning rate of 0
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise AttnlabError(f"{name} must be a whole number, got {value!r}")
+            setattr(self, name, int(value))  # numpy's integers too, as Python's (JSON, range())
         for name in ("lr", "min_lr", "weight_decay", "grad_clip", "ema_decay", "max_seconds"):
             if not math.isfinite(getattr(self, name)):  # NaN passes every comparison below
                 raise AttnlabError(f"{name} must be a finite number, got {getattr(self, name)!r}")
@@ -229,6 +231,7 @@ class Trainer:
         self.state: dict[str, Any] = {
             "step": 0, "epoch": 0, "batch_in_epoch": 0, "best_score": -math.inf, "best": {},
             "evals_without_improvement": 0, "tokens": 0, "elapsed": 0.0, "last_loss": math.nan,
+            "stopped_early": False,
         }
         self.checkpoint_step: int | None = None
 
@@ -393,8 +396,9 @@ class Trainer:
             # every process loaded from the checkpoint: in the loop each process's clock differs a little, and the
             # broadcast out_of_time flag below is what stops them all at the same step.
             spent = bool(cfg.max_seconds and self.state["elapsed"] >= cfg.max_seconds and self.state["step"] < cfg.max_steps)
-            # Likewise one that early stopping ended: its patience ran out at the checkpoint's evaluation.
-            stopped_early = bool(cfg.patience and self.state["evals_without_improvement"] >= cfg.patience)
+            # Likewise one that early stopping ended (recorded as such: a run that reached max_steps with its patience
+            # spent at the last evaluation was not stopped early, and may be given more steps).
+            stopped_early = bool(self.state.get("stopped_early"))
             while not spent and not stopped_early and self.state["step"] < cfg.max_steps:
                 micro = [next(batches) for _ in range(cfg.grad_accum)]
                 loss, tokens = self._step(micro)
@@ -423,6 +427,7 @@ class Trainer:
                 evaluated = False
                 if (cfg.eval_every and step % cfg.eval_every == 0) or last:
                     stopped_early = self._evaluate() and not last
+                    self.state["stopped_early"] = stopped_early  # saved with the checkpoint below
                     evaluated = True
                 if evaluated or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or stopped_early:
                     self._checkpoint()

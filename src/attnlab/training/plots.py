@@ -16,7 +16,7 @@ def figure_format(path: str | Path, option: str) -> str:
     from matplotlib.figure import Figure
 
     suffix = Path(path).suffix.lower().lstrip(".")
-    known = FigureCanvasAgg(Figure()).get_supported_filetypes()
+    known = set(FigureCanvasAgg(Figure()).get_supported_filetypes()) - {"pgf"}  # pgf needs a LaTeX install
     if suffix and suffix not in known:
         raise AttnlabError(f"{option} {path}: matplotlib cannot write .{suffix} figures; use one of "
                            + ", ".join(f".{k}" for k in sorted(known)))
