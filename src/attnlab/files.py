@@ -8,7 +8,6 @@ reader sees the old file or the new one, never a mixture.
 from __future__ import annotations
 
 import codecs
-import glob
 import gzip
 import json
 import os
@@ -88,13 +87,15 @@ def _temporary_prefix(path: Path) -> str:
     return f".{path.name}.{os.getpid()}."
 
 
-def _remove_abandoned(path: Path) -> None:
-    """Remove temporaries of ``path`` whose writer no longer runs (killed outright mid-write): a checkpoint
-    folder is a whole model's size, and every such kill would leave one more. Only names of exactly
-    :func:`_temporary_prefix`'s form count (``.hyp.txt.1.PID.*.tmp`` belongs to ``hyp.txt.1``, not ``hyp.txt``),
-    and a leftover that cannot be removed is left: tidying never stops the write itself."""
-    form = re.compile(re.escape(f".{path.name}.") + r"(\d{1,9})\.[^.]+\.tmp")  # mkstemp's random part has no dot
-    for leftover in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+def remove_abandoned(parent: Path, form: re.Pattern[str]) -> None:
+    """Remove the entries of ``parent`` whose whole name matches ``form`` and whose writer no longer runs.
+
+    ``form``'s first group is the writer's process id, which temporary names carry for this: a writer killed
+    outright (``kill -9``) cleans nothing up, and a checkpoint folder is a whole model's size. An entry whose
+    process is alive (the writer, or one that reused its id) is left, and so is one that cannot be removed
+    (another user's): tidying never stops the write that called it.
+    """
+    for leftover in parent.iterdir() if parent.is_dir() else ():
         match = form.fullmatch(leftover.name)
         if match is None or _alive(int(match.group(1))):
             continue
@@ -103,8 +104,14 @@ def _remove_abandoned(path: Path) -> None:
                 shutil.rmtree(leftover)
             else:
                 leftover.unlink()
-        except OSError:  # another user's, or already gone
+        except OSError:
             pass
+
+
+def _remove_abandoned(path: Path) -> None:
+    """Remove temporaries of ``path`` left by dead writers: names of exactly :func:`_temporary_prefix`'s form
+    (``.hyp.txt.1.PID.*.tmp`` belongs to ``hyp.txt.1``, not ``hyp.txt``; mkstemp's random part has no dot)."""
+    remove_abandoned(path.parent, re.compile(re.escape(f".{path.name}.") + r"(\d{1,9})\.[^.]+\.tmp"))
 
 
 def _umask() -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from attnlab.errors import AttnlabError
+from attnlab.files import remove_abandoned
 from attnlab.lab.html import Section, esc
 
 HTML_NAME = "index.html"
@@ -110,25 +112,6 @@ def render_page(sections: Sequence[Section], *, subtitle: str, footer: str) -> s
     )
 
 
-def _remove_orphans(parent: Path, prefix: str) -> None:
-    """Remove staging folders left by runs that were killed outright (``kill -9``: no cleanup could run).
-
-    A folder is an orphan when the process id in its name no longer exists; one whose id belongs to a live
-    process (perhaps another run writing the same report, perhaps an unrelated process that reused the id)
-    is left alone.
-    """
-    for folder in parent.glob(f"{prefix}*"):
-        pid = folder.name[len(prefix):].split("-", 1)[0]
-        if not (pid.isdigit() and folder.is_dir()):
-            continue
-        try:
-            os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
-        except ProcessLookupError:
-            shutil.rmtree(folder, ignore_errors=True)
-        except OSError:
-            pass  # it exists but belongs to someone else
-
-
 class Staging:
     """A temporary folder for the report, published into ``out`` only on success.
 
@@ -150,8 +133,8 @@ class Staging:
         prefix = f".{self.out.name or 'report'}.partial-"
         try:
             parent.mkdir(parents=True, exist_ok=True)
-            _remove_orphans(parent, prefix)
             # The process id in the name lets a later run tell a staging folder whose writer was killed.
+            remove_abandoned(parent, re.compile(re.escape(prefix) + r"(\d{1,9})-[^/]+"))
             self.path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
             self.path.chmod(0o755)  # mkdtemp makes it private; the published report should be readable
         except OSError as err:
