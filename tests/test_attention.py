@@ -5,6 +5,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from attnlab.errors import AttnlabError
 from attnlab.nn import (
@@ -17,6 +18,7 @@ from attnlab.nn import (
     attention_reference,
     causal_mask,
     from_keep_mask,
+    from_key_padding_mask,
     padding_mask,
     scaled_dot_product_attention,
 )
@@ -255,3 +257,28 @@ def test_rotary_attention_refuses_memory_instead_of_dropping_its_positions():
     assert mha(torch.randn(1, 5, 8))[0].shape == (1, 5, 8)
     with pytest.raises(AttnlabError, match="rotary positions are for self-attention"):
         mha(torch.randn(1, 5, 8), torch.randn(1, 3, 8))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_from_torch_computes_what_torchs_multihead_attention_computes(bias):
+    torch.manual_seed(0)
+    theirs = nn.MultiheadAttention(8, 2, bias=bias, batch_first=True).eval()
+    ours = MultiHeadAttention.from_torch(theirs)
+    assert not ours.training and ours.num_heads == 2 and (ours.in_proj.bias is None) is not bias
+    x, memory = torch.randn(3, 5, 8), torch.randn(3, 7, 8)
+    hide = torch.rand(3, 7) < 0.3  # torch's key_padding_mask: True = hide
+    hide[:, 0] = False  # every query keeps a key
+    with torch.no_grad():
+        want, want_w = theirs(x, memory, memory, key_padding_mask=hide)
+        got, got_w = ours(x, memory, attend_mask=from_key_padding_mask(hide), need_weights=True)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_w.mean(1), want_w)  # torch averages its heads' weights
+    with torch.no_grad():  # a copy: changing torch's module leaves ours alone
+        theirs.in_proj_weight.add_(1.0)
+    assert not torch.equal(ours.in_proj.weight, theirs.in_proj_weight)
+
+
+@pytest.mark.parametrize("kwargs", [{"kdim": 4}, {"add_bias_kv": True}, {"add_zero_attn": True}])
+def test_from_torch_refuses_variants_attnlab_has_no_counterpart_for(kwargs):
+    with pytest.raises(AttnlabError, match="counterpart"):
+        MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, **kwargs))

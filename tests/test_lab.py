@@ -149,6 +149,21 @@ def test_glove_numbers_match_numpy_and_scipy(small_run):
         assert glove["disparity"][key] == pytest.approx(value, abs=1e-6)
 
 
+def test_an_odd_vector_width_measures_the_exact_facts_at_the_even_width_beside_it():
+    from attnlab.lab.encoding import properties_section
+
+    section = properties_section(7, 20)
+    enc = section.numbers
+    assert (enc["d"], enc["even_d"], enc["odd"]["d"]) == (7, 6, 7)
+    assert enc["sqrt_half_d"] == pytest.approx(math.sqrt(3))
+    for norm in enc["norms"].values():  # the exact norm is claimed (and measured) at d = 6 only
+        assert norm == pytest.approx(math.sqrt(3), abs=1e-9)
+    assert enc["odd"]["norm_spread"] > 1e-6
+    pe = np_encoding(20, 7)  # the Gram matrix is the loaded width's: its diagonal is not d/2 = 3.5
+    assert enc["gram"]["diagonal"] == pytest.approx(pe[0] @ pe[0]) and enc["gram"]["diagonal"] != 3.5
+    assert "d/2 = 3.5" not in section.body and "norm of PE rows (d=6)" in dict(section.highlights)
+    assert "fixed multiple d/2" not in section.body
+
 def test_masks_model_order_and_explorer_numbers(small_run):
     _, numbers, _ = small_run
     masks = numbers["masks"]
@@ -158,6 +173,13 @@ def test_masks_model_order_and_explorer_numbers(small_run):
     assert masks["look_ahead_mask"] == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
     assert masks["attention"]["weights"][0] == pytest.approx([0.3837, 0.2327, 0.3837], abs=1e-4)
     assert masks["attention"]["masked_weights"][0] == pytest.approx([0.6225, 0.3775, 0.0], abs=1e-4)
+    scaling = masks["scaling"]["by_width"]  # seed 000: raw scores have variance d_k; divided, the softmax stays soft
+    assert list(scaling) == ["4", "16", "64", "256", "512"]
+    for d_k, row in scaling.items():
+        assert row["raw"]["score_variance"] == pytest.approx(int(d_k), rel=0.15)
+        assert row["scaled"]["score_variance"] == pytest.approx(1.0, rel=0.15)
+        assert row["scaled"]["mean_largest_weight"] < row["raw"]["mean_largest_weight"]
+    assert scaling["512"]["raw"]["saturated_share"] > 0.5 and scaling["512"]["scaled"]["saturated_share"] == 0.0
     model = numbers["model"]
     assert model["parameters"] == 7131
     assert model["self_attention_above_diagonal"] == 0.0
@@ -171,6 +193,11 @@ def test_masks_model_order_and_explorer_numbers(small_run):
     order = numbers["order"]
     assert order["none"]["same"] and order["none"]["use_equal"]
     assert not order["learned"]["same"] and not order["sinusoidal"]["same"]
+    # seed 004's printed vectors come out of torch (4 decimals), and attnlab's layer with its weights agrees
+    assert order["seed"]["matches_seed"] and order["seed"]["attnlab_largest_difference_from_torch"] < 1e-6
+    assert order["none"]["summary_a"] == pytest.approx([-0.1657, -0.0738, 0.3466, -0.1725], abs=6e-5)
+    assert order["learned"]["summary_b"] == pytest.approx([-0.1802, 0.0059, 0.7413, -0.4107], abs=6e-5)
+    assert order["model"]["zeroed"]["same"] and not order["model"]["learned"]["same"]
     explorer = numbers["explorer"]
     assert explorer["hidden_counts"] == {"none": 0, "padding": 12, "causal": 15, "both": 18}
     for entry in explorer["masks"].values():
@@ -266,6 +293,37 @@ def test_malformed_glove_file(tmp_path, content, fragment):
     result = run_cli("--out", str(tmp_path / "r"), "--glove", str(path))
     assert_one_line_error(result, fragment, "bad.txt")
     assert_no_report(tmp_path)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_vector_that_is_not_finite_is_refused_by_line(tmp_path, value):
+    path = tmp_path / "bad.txt"
+    vectors = small_vectors()
+    write_glove(path, vectors)
+    lines = path.read_text().splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("red "))
+    lines[row] = "red " + " ".join([value] + lines[row].split()[2:])
+    path.write_text("\n".join(lines) + "\n")
+    result = run_cli("--out", str(tmp_path / "r"), "--glove", str(path), "--max-length", str(LENGTH))
+    assert_one_line_error(result, f"bad.txt:{row + 1}: the vector for 'red' holds a value that is not finite")
+    assert_no_report(tmp_path)
+
+
+def test_a_failed_run_removes_the_folders_it_made_for_the_report(tmp_path):
+    (tmp_path / "kept").mkdir()
+    result = run_cli("--out", str(tmp_path / "kept" / "new" / "deep" / "r"), "--glove", str(tmp_path / "nope.txt"))
+    assert_one_line_error(result, "not found")
+    assert [p.name for p in tmp_path.rglob("*")] == ["kept"]  # what existed before stays, nothing else
+
+
+def test_a_folder_where_a_report_file_goes_is_refused_before_anything_is_replaced(tmp_path, glove_file):
+    out = tmp_path / "r"
+    (out / "index.html").mkdir(parents=True)
+    (out / "numbers.json").write_text("{\"old\": 1}")
+    result = run_cli("--out", str(out), "--glove", str(glove_file), "--max-length", str(LENGTH))
+    assert_one_line_error(result, "index.html is in the way (not a file)")
+    assert (out / "numbers.json").read_text() == "{\"old\": 1}"  # the old pair is not half replaced
+    assert sorted(p.name for p in out.iterdir()) == ["index.html", "numbers.json"]  # no staging folder left
 
 
 def test_binary_glove_file(tmp_path):

@@ -8,6 +8,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 from attnlab.lab import figures  # noqa: E402
 from attnlab.lab.encoding import properties_section  # noqa: E402
@@ -60,6 +61,12 @@ def test_the_model_section_shows_padded_outputs_and_the_two_attention_shapes():
     assert min(demo["padded_output_norms"]) > 0  # padding hides keys; it does not zero the padded outputs
     assert demo["decoder_self_attention_shape"] == [2, 2, 3, 3]
     assert demo["decoder_cross_attention_shape"] == [2, 2, 3, 5]
+    block1 = np.array(demo["block1_head0"])  # seed 000's look-ahead structure: row 0 on itself, nothing above
+    assert block1[0].tolist() == [1.0, 0.0, 0.0] and np.triu(block1, 1).sum() == 0.0
+    assert block1.sum(1) == pytest.approx([1.0] * 3, abs=1e-6)
+    stack = demo["decoder_stack"]  # the seed's two-layer decoder: "decoded: (1, 3, 4) | weight tensors: 4"
+    assert stack["output_shape"] == [1, 3, 4] and len(stack["weight_tensors"]) == 4
+    assert stack["layer2_above_diagonal"] == 0.0 and stack["layer2_on_padded_source"] == 0.0
 
 
 def test_heatmaps_name_what_their_colours_mean(monkeypatch):

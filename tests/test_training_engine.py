@@ -376,3 +376,17 @@ def test_models_that_cannot_be_described_or_rebuilt_are_named(tmp_path):
     with pytest.raises(AttnlabError, match="model description in the config is not usable"):
         build_model({"class": "DecoderLM", "kwargs": {"vocab_size": -1, "d_model": 8, "num_layers": 1,
                                                       "num_heads": 2}})
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_bf16_on_hardware_without_bfloat16_units_gets_a_note(fast, tmp_path, monkeypatch, capsys):
+    import attnlab.training.engine as engine
+
+    monkeypatch.setattr(engine, "has_fast_bf16", lambda device: fast)
+    task = ToyTask()
+    Trainer(task.model(), task, TrainConfig(max_steps=1, bf16=True, device="cpu", progress=False), tmp_path / "run")
+    note = "no native bfloat16 arithmetic" in capsys.readouterr().err
+    assert note is not fast
+    Trainer(task.model(), task, TrainConfig(max_steps=1, bf16=False, device="cpu", progress=False), tmp_path / "run2")
+    assert "bfloat16" not in capsys.readouterr().err  # float32 runs say nothing
+

@@ -56,17 +56,9 @@ def _seed_head() -> tuple[nn.MultiheadAttention, torch.Tensor, torch.Tensor]:
     return head, x, causal
 
 
-def _as_attnlab(head: nn.MultiheadAttention) -> MultiHeadAttention:
-    """attnlab's attention holding ``head``'s weights (both stack W_q, W_k, W_v in one matrix)."""
-    mha = MultiHeadAttention(head.embed_dim, head.num_heads)
-    mha.load_state_dict({"in_proj.weight": head.in_proj_weight, "in_proj.bias": head.in_proj_bias,
-                         "out_proj.weight": head.out_proj.weight, "out_proj.bias": head.out_proj.bias})
-    return mha.eval()
-
-
 def _causal(n: dict) -> str:
     head, x, causal = _seed_head()
-    mha = _as_attnlab(head)
+    mha = MultiHeadAttention.from_torch(head).eval()
     attend = from_torch_attn_mask(causal)  # 0 -> may attend, -inf -> hidden; (1, 1, 6, 6) bool
     with torch.no_grad():
         torch_w = head(x, x, x, attn_mask=causal)[1][0]  # (6, 6), averaged over its one head
@@ -98,7 +90,7 @@ def _causal(n: dict) -> str:
 
 def _who_reads_what(n: dict) -> str:
     head, x, _ = _seed_head()
-    mha = _as_attnlab(head)
+    mha = MultiHeadAttention.from_torch(head).eval()
     changed = x.clone()
     changed[0, -1] = torch.randn(8, generator=torch.Generator().manual_seed(1))  # another last token
     change = {}
@@ -149,8 +141,8 @@ class _TorchRouter(nn.Module):
         return self.out((self.norm(h) * keep).sum(1) / keep.sum(1))
 
 
-def _attnlab_scores(model: EncoderClassifier, ids: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
-    """The classifier's scores with ``attend`` (True = may attend) in place of the mask it builds itself."""
+def _attnlab_scores(model: EncoderClassifier, ids: torch.Tensor, attend: torch.Tensor | None) -> torch.Tensor:
+    """The classifier's scores with ``attend`` (True = may attend; None: no mask) in place of the one it builds."""
     states, _ = model.encoder(ids, attend_mask=attend)
     keep = (ids != PAD).unsqueeze(-1).float()
     return model.out((model.norm(states) * keep).sum(1) / keep.sum(1))
@@ -173,6 +165,7 @@ def _inverted(n: dict) -> str:
         wrong = _attnlab_scores(ours, ids, ~padding_mask(ids))  # the same mistake in attnlab's convention
         alone_right = _attnlab_scores(ours, alone, padding_mask(alone))
         alone_wrong = _attnlab_scores(ours, alone, ~padding_mask(alone))
+        unmasked = _attnlab_scores(ours, ids, None)  # seed 004's other mistake: no padding mask at all
     full = sum(length == ROUTER["max_positions"] for length in LENGTHS)
     nan_rows = torch.isnan(torch_wrong).any(1)  # (tickets,)
     nan_torch = int(nan_rows.sum())
@@ -180,12 +173,14 @@ def _inverted(n: dict) -> str:
     nan_ours = int(torch.isnan(wrong).any(1).sum())
     right_gap = float((alone_right - right[SHORT]).abs().max())
     wrong_gap = float((alone_wrong - wrong[SHORT]).abs().max())
+    unmasked_gap = float((alone_right - unmasked[SHORT]).abs().max())
     moved = float((wrong - right).abs().max())
     n["inverted_padding_mask"] = {
         "tickets": len(LENGTHS), "without_padding": full, "torch_nan_tickets": nan_torch,
         "torch_nan_exactly_the_unpadded": only_full,
         "torch_right_nan_tickets": int(torch.isnan(torch_right).any(1).sum()), "attnlab_nan_tickets": nan_ours,
         "attnlab_largest_score_change": moved, "alone_vs_padded_right": right_gap, "alone_vs_padded_wrong": wrong_gap,
+        "alone_vs_padded_without_mask": unmasked_gap,
     }
     return (heading("A padding mask turned the wrong way")
             + para("Seed 004's mistake: the mask written as the tokens to keep, <code>ids != PAD</code>, passed as",
@@ -200,13 +195,14 @@ def _inverted(n: dict) -> str:
                    f"attnlab, the same mistake (~padding_mask(ids)): tickets with nan scores: {nan_ours}; "
                    f"scores moved by up to {moved:.3f}\n"
                    f"attnlab, a {LENGTHS[SHORT]}-token ticket alone vs padded to 120: right mask {right_gap:.1e}, "
-                   f"inverted mask {wrong_gap:.3f}")
+                   f"inverted mask {wrong_gap:.3f}, no mask {unmasked_gap:.3f}")
             + check(only_full, f"in torch the {full} tickets without padding, and only they, get nan: every key "
                                        "is hidden, softmax divides 0 by 0 (the seed's symptom, 23 of its tickets)")
             + check(nan_ours == 0 and moved > 0,
                     "attnlab gives a row with every key hidden zero weight instead: no nan, but wrong scores")
-            + check(right_gap < 1e-5 < wrong_gap, "the seed's test, one ticket alone against the same ticket padded, "
-                                                  "separates the right mask from the inverted one")
+            + check(right_gap < 1e-5 < min(wrong_gap, unmasked_gap),
+                    "the seed's test, one ticket alone against the same ticket padded, separates the right mask from "
+                    "the inverted one and from none at all (padded without a mask, the answer changes)")
             + para("No nan means nothing stops the run, which is why the comparison matters more than the symptom;",
                    "<code>attnlab check --kind encoder</code> makes it (<code>padding-invariance</code>,",
                    "<code>padding-content</code>) on any model. attnlab's own masks say True = may attend and are",
@@ -240,7 +236,7 @@ def _positions(n: dict) -> str:
                       "rotary_spread": max(rot) - min(rot), "sinusoidal_spread": max(add) - min(add)}
     return (heading("Positions and length")
             + para(f"The router's learned table is ({ROUTER['max_positions']}, {ROUTER['d_model']}):",
-                   f"{learned.table.weight.numel():,} trained numbers, and nothing past its last row. Asked for",
+                   f"{learned.table.weight.numel():,} trainable numbers, and nothing past its last row. Asked for",
                    f"position {ROUTER['max_positions']}, attnlab says: <i>{esc(refusal)}</i>.")
             + para("The sinusoidal encoding has no parameters and any length. Rotary positions turn the query and",
                    "the key instead of adding a vector, so their score depends only on how far apart they are. One",

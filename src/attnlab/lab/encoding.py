@@ -104,11 +104,13 @@ def properties_section(d: int, max_length: int) -> Section:
     """
     norm_at = sorted({p for p in NORM_POSITIONS if p < max_length} | {max_length - 1})
     gap_at = [p for p in GAP_POSITIONS if p + GAP_K < max_length]
-    reference = math.sqrt(d / 2)
-    pe, norms, gaps = _norms_and_gaps(max_length, d, GAP_K)
-    # The odd width next to d: its last dimension is a sine with no cosine partner.
-    d_odd = d + 1 if d % 2 == 0 else d
+    # The two properties are exact at an even width and drift at an odd one, whose last dimension is a sine
+    # with no cosine partner: measure the loaded width and its neighbour of the other parity.
+    d_even, d_odd = (d, d + 1) if d % 2 == 0 else (d - 1, d)
+    reference = math.sqrt(d_even / 2)
+    _, norms, gaps = _norms_and_gaps(max_length, d_even, GAP_K)
     _, odd_norms, odd_gaps = _norms_and_gaps(max_length, d_odd, GAP_K)
+    pe = sinusoidal_encoding(max_length, d, dtype=torch.float64)  # (P, d): the width section 3 adds
 
     gram = pe @ pe.T  # (P, P): every encoding's dot product with every other, one matmul
     # The exact (non-matmul) cdist path keeps the diagonal at exactly 0.
@@ -117,9 +119,12 @@ def properties_section(d: int, max_length: int) -> Section:
     body = para(
         f"From here the encoding width follows the word vectors of section 3: <b>d = {d}</b>, over",
         f"<b>{max_length}</b> positions (the padded sentence length). Each sine/cosine pair contributes",
-        "sin&sup2; + cos&sup2; = 1 to the squared norm, so every row should have norm sqrt(d/2)",
-        f"= {fmt(reference, 6)}.",
+        "sin&sup2; + cos&sup2; = 1 to the squared norm, so at an even width every row should have norm",
+        f"sqrt(d/2) = {fmt(reference, 6)}" + (f" (at d = {d_even})." if d_even != d else "."),
     )
+    if d_even != d:
+        body += para(f"d = {d} is odd, so the exact facts are measured at d = {d_even} beside it, and the loaded",
+                     "width is the odd case below.")
     if d != SEED_WIDTH:  # the seed's figures come from its 100-wide GloVe; say so rather than let them clash
         body += para(
             f"Seed 000 measures this at d = {SEED_WIDTH}, the width of its GloVe file: norm sqrt({SEED_WIDTH // 2}) =",
@@ -128,12 +133,12 @@ def properties_section(d: int, max_length: int) -> Section:
             "that nothing has to be downloaded); <code>attnlab lab --glove glove.6B.100d.txt</code> gives the",
             "seed's width in this section and the next.",
         )
-    body += table(["position", f"||PE[pos]||, d = {d}", f"||PE[pos]||, d = {d_odd}"],
+    body += table(["position", f"||PE[pos]||, d = {d_even}", f"||PE[pos]||, d = {d_odd}"],
                   [(p, fmt(norms[p], 6), fmt(odd_norms[p], 6)) for p in norm_at])
     body += para(
         f"The distance across a fixed gap of k = {GAP_K} should not depend on where the gap sits:",
     )
-    body += table(["pos", f"||PE[pos] - PE[pos+{GAP_K}]||, d = {d}", f"same, d = {d_odd}"],
+    body += table(["pos", f"||PE[pos] - PE[pos+{GAP_K}]||, d = {d_even}", f"same, d = {d_odd}"],
                   [(p, fmt(gaps[p], 6), fmt(odd_gaps[p], 6)) for p in gap_at])
     body += heading(f"An odd width weakens both facts (d = {d_odd})")
     # The unpaired last column is sin(pos / 10000^((d_odd - 1) / d_odd)), the slowest of all: its sine
@@ -149,38 +154,48 @@ def properties_section(d: int, max_length: int) -> Section:
     )
     body += table(
         ["width", "norm: min", "norm: max", "norm spread", f"gap-{GAP_K} distance spread"],
-        [(f"d = {d}", fmt(norms.min(), 6), fmt(norms.max(), 6), f"{_spread(norms):.2e}", f"{_spread(gaps):.2e}"),
+        [(f"d = {d_even}", fmt(norms.min(), 6), fmt(norms.max(), 6), f"{_spread(norms):.2e}", f"{_spread(gaps):.2e}"),
          (f"d = {d_odd}", fmt(odd_norms.min(), 6), fmt(odd_norms.max(), 6), f"{_spread(odd_norms):.2e}",
           f"{_spread(odd_gaps):.2e}")],
     )
     body += figure(
-        figures.property_curves({f"d = {d}": norms.numpy(), f"d = {d_odd}": odd_norms.numpy()},
-                                {f"d = {d}": gaps.numpy(), f"d = {d_odd}": odd_gaps.numpy()}, GAP_K),
+        figures.property_curves({f"d = {d_even}": norms.numpy(), f"d = {d_odd}": odd_norms.numpy()},
+                                {f"d = {d_even}": gaps.numpy(), f"d = {d_odd}": odd_gaps.numpy()}, GAP_K),
         "log-scale drift of the norm and of the gap distance with position, for an even and an odd width",
         "How far each property drifts from its value at position 0 (log scale). Even width: rounding noise "
         "only, the properties are exact. Odd width: both drift, orders of magnitude above the noise, "
         "growing with the position.",
     )
-    body += heading("Every position against every other")
-    body += para(
-        "PE PE<sup>T</sup> is a Gram matrix (dot products), a fixed multiple d/2 of the cosine similarities",
-        "because every norm is the same; it is not a Pearson correlation. Both matrices below are computed",
-        "in one vectorised call each: a matmul and <code>torch.cdist</code>.",
-    )
+    body += heading(f"Every position against every other (d = {d})")
+    if d % 2 == 0:
+        body += para(
+            "PE PE<sup>T</sup> is a Gram matrix (dot products), a fixed multiple d/2 of the cosine similarities",
+            "because every norm is the same; it is not a Pearson correlation. Both matrices below are computed",
+            "in one vectorised call each: a matmul and <code>torch.cdist</code>.",
+        )
+        diagonal = f"(= d/2 = {d / 2:g})"
+    else:
+        body += para(
+            "PE PE<sup>T</sup> is a Gram matrix (dot products); at this odd width the norms drift (above), so it is",
+            "only nearly a multiple of the cosine similarities. It is not a Pearson correlation. Both matrices",
+            "below are computed in one vectorised call each: a matmul and <code>torch.cdist</code>.",
+        )
+        diagonal = f"({fmt(gram.diagonal().min(), 4)} to {fmt(gram.diagonal().max(), 4)}: the squared norms)"
     symmetric = bool(torch.allclose(gram, gram.T) and torch.allclose(dist, dist.T))
     diag_max = bool(torch.all(gram.diagonal() >= gram.max(dim=1).values - 1e-9))
     body += check(symmetric, "both matrices are symmetric")
     body += check(diag_max and float(dist.diagonal().abs().max()) == 0.0,
-                  f"the dot product is largest on the diagonal (= d/2 = {d / 2:g}); the distance there is exactly 0")
+                  f"the dot product is largest on the diagonal {diagonal}; the distance there is exactly 0")
     body += figure(figures.heatmap_pair(gram.numpy(), dist.numpy(), ("Dot product", "Euclidean distance"), "position",
                                         ("PE[i] . PE[j]", "||PE[i] - PE[j]||")),
                    "heatmaps of the dot-product and Euclidean-distance matrices between all positions",
-                   "Left: the dot products peak (dark blue) on the diagonal, where a vector meets itself. Right: the "
+                   "Left: the dot products peak (yellow) on the diagonal, where a vector meets itself. Right: the "
                    "distances are 0 on the diagonal and grow away from it. Neither is "
                    "monotone far from the diagonal, where individual components drift back into phase.")
 
     numbers = {
         "d": d,
+        "even_d": d_even,
         "positions": max_length,
         "sqrt_half_d": reference,
         "seed_width": {"d": SEED_WIDTH, "sqrt_half_d": math.sqrt(SEED_WIDTH / 2), "gap_distance": seed_gap()},
@@ -201,8 +216,8 @@ def properties_section(d: int, max_length: int) -> Section:
         "distance": {"shape": list(dist.shape), "max": float(dist.max()), "diagonal_max": float(dist.diagonal().max())},
     }
     highlights = [
-        (f"norm of PE rows (d={d})", f"{fmt(norms[0], 6)} = sqrt(d/2), spread {_spread(norms):.1e}"),
-        (f"gap-{GAP_K} distance (d={d})", f"{fmt(gaps[0], 6)}, spread {_spread(gaps):.1e}"),
+        (f"norm of PE rows (d={d_even})", f"{fmt(norms[0], 6)} = sqrt(d/2), spread {_spread(norms):.1e}"),
+        (f"gap-{GAP_K} distance (d={d_even})", f"{fmt(gaps[0], 6)}, spread {_spread(gaps):.1e}"),
         (f"odd d={d_odd}", f"norm spread {_spread(odd_norms):.1e}, gap spread {_spread(odd_gaps):.1e}"),
     ]
     return Section("encoding", "Properties of the encoding", numbers, body, highlights)

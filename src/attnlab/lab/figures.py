@@ -51,7 +51,8 @@ def heatmap_pair(left: np.ndarray, right: np.ndarray, titles: tuple[str, str], l
     """Two square heatmaps side by side (the Gram and distance matrices); ``value_labels`` name the colour bars."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
     for ax, data, title, value_label in zip(axes, (left, right), titles, value_labels):
-        image = ax.imshow(data, cmap="RdBu", interpolation="nearest")
+        # A sequential map: neither matrix is centred on 0, so a diverging map's white midpoint would mean nothing.
+        image = ax.imshow(data, cmap="viridis", interpolation="nearest")
         ax.set_xlabel(label)
         ax.set_ylabel(label)
         ax.set_title(title, fontsize=12, color="dimgray")

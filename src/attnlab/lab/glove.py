@@ -112,7 +112,7 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
 
     Raises:
         AttnlabError: missing or unreadable file, not UTF-8 text, lines of different widths, values
-            that are not numbers, a width other than ``dim`` or than the file name announces, no vectors.
+            that are not numbers or not finite (for the words kept), a width other than ``dim`` or than the file name announces, no vectors.
     """
     path = Path(path)
     if not path.exists():
@@ -161,6 +161,9 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
                         vectors[word] = np.array(rest.split(), dtype=np.float32)
                     except ValueError as err:
                         raise AttnlabError(f"{path}:{lineno}: the values for {word!r} are not all numbers") from err
+                    if not np.isfinite(vectors[word]).all():  # numpy reads "nan" and "inf" as numbers
+                        raise AttnlabError(f"{path}:{lineno}: the vector for {word!r} holds a value that is not "
+                                           "finite (nan or inf)")
     except UnicodeDecodeError as err:
         raise AttnlabError(f"{path} is not a UTF-8 text file (a GloVe file is plain text: "
                            f"'word v1 v2 ... vd' per line); byte {err.start} cannot be decoded") from err
@@ -168,4 +171,4 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
         raise AttnlabError(f"cannot read {path}: {err.strerror or err}") from err
     if width is None or count == 0:
         raise AttnlabError(f"{path} holds no word vectors")
-    return WordVectors(vectors, width, f"{path} ({width}d, {count:,} words)", count)
+    return WordVectors(vectors, width, f"{path} ({width}d, {count:,} word{'' if count == 1 else 's'})", count)

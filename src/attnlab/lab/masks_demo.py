@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from attnlab.lab.html import Section, check, code, heading, matrix, para
+from attnlab.lab.html import Section, check, code, heading, matrix, para, table
 from attnlab.nn import (
     attention_reference,
     causal_mask,
@@ -66,6 +66,54 @@ def _seed003_masks() -> tuple[dict, str]:
                                                    "padding_mask and decoder_self_mask, cell for cell"))
 
 
+#: Key widths for the scaling experiment, up to seed 003's 512; queries drawn per width, keys per query.
+SCALING_WIDTHS = (4, 16, 64, 256, 512)
+SCALING_QUERIES, SCALING_KEYS = 2000, 16
+
+
+def _scaling() -> tuple[dict, str]:
+    """Why the scores are divided by sqrt(d_k): their variance and the softmax's largest weight, with and without.
+
+    Queries and keys have independent entries of mean 0 and variance 1 (seed 000's argument). Undoing the
+    division (queries multiplied by sqrt(d_k) before :func:`attention_reference` divides) gives the raw scores.
+    """
+    gen = torch.Generator().manual_seed(0)
+    rows = {}
+    for d_k in SCALING_WIDTHS:
+        q = torch.randn(SCALING_QUERIES, 1, d_k, generator=gen, dtype=torch.float64)  # one query per row
+        k = torch.randn(SCALING_QUERIES, SCALING_KEYS, d_k, generator=gen, dtype=torch.float64)
+        v = torch.zeros(SCALING_QUERIES, SCALING_KEYS, 1, dtype=torch.float64)  # only the weights matter
+        entry = {}
+        for key, factor in (("scaled", 1.0), ("raw", d_k ** 0.5)):
+            _, w = attention_reference(q * factor, k, v)  # (queries, 1, keys)
+            scores = (q * factor) @ k.transpose(-2, -1) / d_k ** 0.5
+            entry[key] = {"score_variance": float(scores.var()), "mean_largest_weight": float(w.amax(-1).mean()),
+                          "saturated_share": float((w.amax(-1) > 0.99).double().mean())}
+        rows[str(d_k)] = entry
+    numbers = {"queries": SCALING_QUERIES, "keys": SCALING_KEYS, "by_width": rows}
+    uniform = 1 / SCALING_KEYS
+    steady = all(0.85 < r["scaled"]["score_variance"] < 1.15 for r in rows.values())
+    tracks = all(0.85 < r["raw"]["score_variance"] / int(d) < 1.15 for d, r in rows.items())
+    widest = rows[str(SCALING_WIDTHS[-1])]
+    return numbers, (
+        heading("Why divide by sqrt(d<sub>k</sub>)")
+        + para("A dot product of two vectors whose entries have mean 0 and variance 1 is a sum of d<sub>k</sub>",
+               "such products: its variance is d<sub>k</sub>. Measured on", f"{SCALING_QUERIES:,} random queries, each",
+               f"against {SCALING_KEYS} random keys (uniform attention would give each key {uniform:g}):")
+        + table(["d_k", "score variance, raw", "divided by sqrt(d_k)", "mean largest weight, raw",
+                 "divided", "rows with one weight > 0.99, raw", "divided"],
+                [(d, f"{r['raw']['score_variance']:.1f}", f"{r['scaled']['score_variance']:.3f}",
+                  f"{r['raw']['mean_largest_weight']:.3f}", f"{r['scaled']['mean_largest_weight']:.3f}",
+                  f"{r['raw']['saturated_share']:.1%}", f"{r['scaled']['saturated_share']:.1%}")
+                 for d, r in rows.items()])
+        + check(tracks and steady, "the raw scores' variance is d_k (within 15%); divided by sqrt(d_k) it "
+                                   "stays near 1 at every width")
+        + check(widest["raw"]["saturated_share"] > 0.5 > widest["scaled"]["saturated_share"],
+                f"at d_k = {SCALING_WIDTHS[-1]} the raw softmax puts more than 0.99 of the weight on one key in "
+                f"{widest['raw']['saturated_share']:.0%} of the rows (a saturated softmax, whose gradient almost "
+                f"vanishes); divided, in {widest['scaled']['saturated_share']:.0%}"))
+
+
 def masks_section() -> Section:
     """Section 4: padding mask and softmax, look-ahead mask, attention with and without a mask."""
     ids = torch.tensor(PADDED)  # (3, 5)
@@ -96,8 +144,11 @@ def masks_section() -> Section:
                  "Having the scores' rank is what keeps it from broadcasting the wrong way",
                  '(<a href="#bugs">the silent bugs</a>, bug 3).')
     body += para("Conventions differ between the seeds and libraries, which is how masks end up inverted: seed",
-                 "003 and torch's <code>key_padding_mask</code> and bool <code>attn_mask</code> say True (1) = hide;",
-                 "seed 000 and Hugging Face's <code>attention_mask</code> say 1 = keep. attnlab converts at the",
+                 "003, and torch's <code>nn.MultiheadAttention</code> and <code>nn.Transformer*</code> modules in",
+                 "their <code>key_padding_mask</code> and bool <code>attn_mask</code>, say True (1) = hide; seed 000",
+                 "and Hugging Face's <code>attention_mask</code> say 1 = keep, and so does torch's own function",
+                 "<code>F.scaled_dot_product_attention</code>, whose bool <code>attn_mask</code> is True = attend",
+                 "(the opposite of the modules built on it). attnlab's masks are True = may attend; it converts at the",
                  "boundary (<code>from_hide_mask</code>, <code>from_key_padding_mask</code>,",
                  "<code>from_hf_attention_mask</code>, <code>from_keep_mask</code>) and refuses a mask that is not",
                  "bool. Hidden scores are set to -inf (the seed adds -1e9; both give a weight of exactly 0 in",
@@ -130,9 +181,12 @@ def masks_section() -> Section:
         f"output:  {_round(out_m)}"
     )
     body += check(float(w_m[0, 2]) == 0.0, "the hidden key gets weight 0 and the other two renormalise")
+    scaling, scaling_body = _scaling()
+    body += scaling_body
 
     numbers = {
         "seed003": seed003,
+        "scaling": scaling,
         "padding_mask": mask[:, 0, 0].int().tolist(),
         "from_keep_mask_agrees": agrees,
         "softmax_plain": plain.tolist(),

@@ -13,14 +13,15 @@ from __future__ import annotations
 import torch
 
 from attnlab.lab import figures
-from attnlab.lab.html import Section, check, code, figure, heading, para, table
-from attnlab.nn import DecoderLayer, EncoderLayer, causal_mask, from_keep_mask, padding_mask
+from attnlab.lab.html import Section, check, code, figure, heading, matrix, para, table
+from attnlab.nn import Decoder, DecoderLayer, EncoderLayer, causal_mask, from_keep_mask, padding_mask
 from attnlab.presets import MODEL_PRESETS, build_preset
 
 SEED = 10  # the seed's keras.utils.set_random_seed(10)
 SOURCE = [[2, 1, 4, 3, 0]]  # the trailing 0 is padding
 TARGET = [[3, 2, 1, 0, 0]]
 STACK_IDS = [[2, 1, 4, 3, 0], [2, 3, 4, 0, 0]]  # seed 000's encoder-stack input: (2, 5) with padding
+STACK_TARGET = [[3, 2, 1]]  # seed 000's input to its stand-alone two-layer decoder (vocabulary 33, 6 positions)
 SEED_DROPOUT_DIFFERENCE = 0.2646  # seed 000's "largest difference between the two training calls" (Keras weights)
 
 
@@ -57,7 +58,7 @@ def encoder_layer_demo() -> tuple[dict, str]:
 
 
 def _stack_and_decoder_layer_demo() -> tuple[dict, str]:
-    """Seed 000's encoder-stack call and its decoder layer with a target shorter than the source."""
+    """Seed 000's encoder-stack call, its decoder layer with a target shorter than the source, its two-layer decoder."""
     torch.manual_seed(SEED)
     encoder = build_preset("lab-toy").eval().encoder
     ids = torch.tensor(STACK_IDS)  # (2, 5), zeros are padding
@@ -80,9 +81,33 @@ def _stack_and_decoder_layer_demo() -> tuple[dict, str]:
     body += check(self_w.shape[-1] == 3 and cross_w.shape[-1] == 5,
                   "cross-attention weighs source positions, (target, source), so its padding mask must come from "
                   "the source; self-attention weighs target positions, (target, target)")
+    block1 = self_w[0, 0]  # (3, 3): batch 0, head 0
+    body += matrix(block1.numpy(), 3, row_labels=[f"target {i}" for i in range(3)],
+                   col_labels=[f"target {j}" for j in range(3)],
+                   caption="block 1 (masked self-attention), batch 0, head 0: the look-ahead structure")
+    body += check(float(torch.triu(block1, 1).sum()) == 0.0 and float(block1[0, 0]) == 1.0,
+                  "row 0 puts all its weight on position 0 and nothing lies above the diagonal (the seed's numbers "
+                  "below the diagonal come from its Keras weights)")
+    # Seed 000's stand-alone decoder: two layers over the first sentence's encoder states.
+    torch.manual_seed(SEED)
+    decoder = Decoder(33, 4, 2, 2, 8, max_positions=6, head_dim=4).eval()
+    target_ids = torch.tensor(STACK_TARGET)  # (1, 3)
+    with torch.no_grad():
+        decoded, weights = decoder(target_ids, states[:1], self_attend_mask=causal_mask(3),
+                                   memory_attend_mask=padding_mask(ids[:1]), need_weights=True)
+    self_2, cross_2 = weights["decoder_layer2_block1_self_att"][0, 0], weights["decoder_layer2_block2_decenc_att"][0, 0]
+    above, on_pad = float(torch.triu(self_2, 1).sum()), float(cross_2[:, ids[0] == 0].sum())
+    body += code(f"decoder (2 layers) on target {STACK_TARGET[0]} and the first sentence's encoder states:\n"
+                 f"decoded: {tuple(decoded.shape)} | weight tensors: {len(weights)} ({', '.join(weights)})\n"
+                 f"layer 2 head 0: weight above the diagonal {above}; weight on the padded source column {on_pad}")
+    body += check(len(weights) == 4 and above == 0.0 and on_pad == 0.0,
+                  "two weight tensors per layer, as the seed counts; after the stack the self-attention is still "
+                  "triangular and the cross-attention leaves the source padding at exactly 0")
     numbers = {"encoder_output_shape": list(states.shape), "padded_output_norms": padded_norms,
                "decoder_self_attention_shape": list(self_w.shape),
-               "decoder_cross_attention_shape": list(cross_w.shape)}
+               "decoder_cross_attention_shape": list(cross_w.shape), "block1_head0": block1.tolist(),
+               "decoder_stack": {"output_shape": list(decoded.shape), "weight_tensors": sorted(weights),
+                                 "layer2_above_diagonal": above, "layer2_on_padded_source": on_pad}}
     return numbers, body
 
 

@@ -98,6 +98,7 @@ def parameters_section() -> Section:
         "decoder_layer": {"rows": dict(dec_rows), "total": dec_total, "seed_total": SEED_DECODER_TOTAL,
                           "difference": dec_total - SEED_DECODER_TOTAL},
         "model_total": model_total,
+        "model_total_shared_norm": model_total - layers * norm,
     }
     highlights = [("seed 003 layers: encoder / decoder parameters",
                    f"{enc_total:,} / {dec_total:,} (seed {SEED_DECODER_TOTAL:,}: one norm shared)")]

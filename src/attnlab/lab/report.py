@@ -107,7 +107,8 @@ def render_page(sections: Sequence[Section], *, subtitle: str, footer: str) -> s
         f"<p>{esc(subtitle)}</p></div></header>\n"
         f'<main><h2 id="key-numbers">Key numbers</h2><div class="cards">{cards}</div>\n'
         f"<nav><ol>{toc}</ol></nav>\n{body}"
-        f"<footer>{esc(footer)} Every number here is also in {NUMBERS_NAME}.</footer></main>\n"
+        f"<footer>{esc(footer)} Every number computed here is also in {NUMBERS_NAME} (the seeds' own figures are "
+        "quoted in the text).</footer></main>\n"
         "</body></html>\n"
     )
 
@@ -129,7 +130,13 @@ class Staging:
         if blocker is not None and not blocker.is_dir():
             raise AttnlabError(f"cannot write the report to {self.out}: {blocker} is a file, not a folder")
         self._into_existing = self.out.is_dir()
+        for name in (NUMBERS_NAME, HTML_NAME):  # checked now: found at the end, one file would be replaced alone
+            target = self.out / name
+            if target.is_dir():
+                raise AttnlabError(f"cannot write the report to {self.out}: {target} is in the way (not a file)")
         parent = self.out if self._into_existing else self.out.absolute().parent
+        # The folders this run creates, removed again if it fails: a failed run leaves nothing behind.
+        self._made = [a for a in (parent, *parent.parents) if not a.exists()]
         prefix = f".{self.out.name or 'report'}.partial-"
         try:
             parent.mkdir(parents=True, exist_ok=True)
@@ -148,8 +155,13 @@ class Staging:
             self.discard()
 
     def discard(self) -> None:
-        """Remove the staging folder and everything in it."""
+        """Remove the staging folder and everything in it, and the empty folders made to hold it."""
         shutil.rmtree(self.path, ignore_errors=True)
+        for folder in self._made:  # deepest first; one that something else has filled meanwhile stays
+            try:
+                folder.rmdir()
+            except OSError:
+                break
 
     def write(self, html: str, numbers: dict[str, Any]) -> Path:
         """Write both files into the staging folder, then publish them. Returns the report folder."""

@@ -96,7 +96,11 @@ def _positional_mask(n: dict) -> str:
                    "as Keras 3 does, drop whatever reaches <code>query_mask</code>. Where the argument binds is",
                    "Python's own answer (<code>inspect.signature</code>); the weights are the core's:")
             + code(f"no mask          {_r(plain)}\nmask by position {_r(ignored)}\nattend_mask=...  {_r(masked)}")
-            + check(same and differs, "the ignored mask equals no mask, and differs from the real one")
+            + check(binds["keras2_call"] == "attention_mask" != binds["keras3_call"] and differs,
+                    "by Python's binding the fourth argument reaches attention_mask only in Keras 2; the real mask "
+                    "changes the weights, so a mask lost this way shows only in the numbers")
+            + para("(The row for the mask passed by position equals the one without a mask by construction: the",
+                   "wrapper, like Keras 3, drops it. What is measured is where it binds and what the real mask does.)")
             + para("attnlab's masks are keyword-only, so the same slip raises:") + code("\n".join(refusals)))
 
 
@@ -254,6 +258,9 @@ def _questions(n: dict, model: Transformer) -> str:
     pad_norm = float(memory[0, 4].norm())
     n["questions"] = {"pe0_first8": pe0[:8].tolist(), "pe0_norm": float(pe0.norm()),
                       "scale_ratio": float(np.linalg.norm(up) / np.linalg.norm(down)),
+                      "embedding_to_encoding_norm": float(np.linalg.norm(e) * math.sqrt(d) / np.linalg.norm(p)),
+                      "sum_norms": {"embedding_scaled_up": float(np.linalg.norm(up)),
+                                    "encoding_scaled_down": float(np.linalg.norm(down))},
                       "unmasked_future_weight": future, "padded_output_norm": pad_norm}
     qa = [
         ("What is position 0's encoding, given that its angles are all 0?",
@@ -269,8 +276,12 @@ def _questions(n: dict, model: Transformer) -> str:
          f"The mask was dropped, so the decoder reads the future: unmasked, {future:.0%} of a 4-token self-attention's "
          "weight lies above the diagonal. Validation leaks too; the causal check and generation (attnlab experiment leak) expose it."),
         ("Why scale the embedding by sqrt(d) rather than divide the encoding by sqrt(d)?",
-         f"The two terms keep the same ratio, but the sums differ in scale by {n['questions']['scale_ratio']:.1f} = "
-         "sqrt(d): with embeddings near +-0.05, only scaling up gives inputs of the size the layers expect."),
+         f"The two terms keep the same ratio (for a Keras-sized embedding, entries near +-0.05, its term is "
+         f"{n['questions']['embedding_to_encoding_norm']:.2f} times the encoding's norm either way), but the sums "
+         f"differ in scale: norms {n['questions']['sum_norms']['embedding_scaled_up']:.2f} against "
+         f"{n['questions']['sum_norms']['encoding_scaled_down']:.3f}, a factor sqrt(d) = {math.sqrt(d):g} by "
+         "construction. Only scaling up gives inputs of the size the layers expect, near the encoding's own norm "
+         f"sqrt(d/2) = {math.sqrt(d / 2):.2f}."),
         ("The encoder still outputs a vector at a padded position. Is that a bug?",
          f"No: lab-toy's output at source position 4 (padding) has norm {pad_norm:.4f}; the cross-attention mask "
          f"gives it weight {n['cross_mask']['cross_weight_on_source_padding']['source']}, and losses must skip it."),

@@ -257,6 +257,28 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(inner, d_model, bias=bias)
         self.rotary = rotary
 
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
+        """attnlab's attention holding the weights of torch's ``nn.MultiheadAttention`` (a copy).
+
+        Both stack W_Q, W_K and W_V in one ``in_proj`` matrix, so the weights carry over as they are; the
+        result computes what ``module`` computes (attnlab's inputs are always batch-first). Variants with no
+        counterpart here are refused: separate key/value widths, ``add_bias_kv`` and ``add_zero_attn``.
+        The dropout probability carries over too; masks do not (convert them with ``from_torch_attn_mask`` and
+        ``from_key_padding_mask``).
+        """
+        if module.kdim != module.embed_dim or module.vdim != module.embed_dim or module.bias_k is not None \
+                or module.add_zero_attn:
+            raise AttnlabError("only an nn.MultiheadAttention with kdim = vdim = embed_dim, no add_bias_kv and no "
+                               "add_zero_attn has an attnlab counterpart")
+        bias = module.in_proj_bias is not None
+        mha = cls(module.embed_dim, module.num_heads, dropout=module.dropout, bias=bias)
+        weights = {"in_proj.weight": module.in_proj_weight, "out_proj.weight": module.out_proj.weight}
+        if bias:
+            weights |= {"in_proj.bias": module.in_proj_bias, "out_proj.bias": module.out_proj.bias}
+        mha.load_state_dict({k: v.detach().clone() for k, v in weights.items()})
+        return mha.to(module.in_proj_weight.device, module.in_proj_weight.dtype).train(module.training)
+
     def _project(self, x: Tensor, first: int, parts: int) -> tuple[Tensor, ...]:
         """Rows ``first`` to ``first + parts`` (in units of ``inner``) of the stacked projection applied
         to ``x``: (batch, seq, d_model) -> ``parts`` x (batch, heads, seq, head_dim)."""
