@@ -16,7 +16,7 @@ from attnlab.data import WordTokenizer, pad_batch
 from attnlab.errors import AttnlabError
 from attnlab.nn import EncoderClassifier
 from attnlab.nn.masks import padding_mask
-from attnlab.tasks.classify import ClassifyTask, encode_texts
+from attnlab.tasks.classify import IGNORED_LABEL, ClassifyTask, encode_texts
 from attnlab.tasks.classify_features import (
     Pretrained,
     char_ngrams,
@@ -123,13 +123,18 @@ def test_truncation_is_counted_and_no_text_encodes_to_nothing():
 
 
 def test_batches_cover_each_epoch_once_and_shard_evenly():
-    ids = [[2] * (1 + i % 7) for i in range(37)]
-    task = ClassifyTask(ids, [i % 3 for i in range(37)], ids[:5], [0] * 5, batch_size=8, seed=0)
+    ids = [[2] * (1 + i % 7) for i in range(41)]
+    task = ClassifyTask(ids, [i % 3 for i in range(41)], ids[:5], [0] * 5, batch_size=8, seed=0)
     seen = [int(x) for b in task.batches(0, Place()) for x in b.data["labels"].tolist()]
-    assert len(seen) == 37
+    assert len(seen) == 41
     ranks = [list(task.batches(1, Place(rank=r, world=2))) for r in (0, 1)]
-    assert len(ranks[0]) == len(ranks[1]) > 0
-    assert sum(b.count for r in ranks for b in r) == 37 - sum(1 for b in task.batches(1, Place()) if b.count < 2)
+    assert len(ranks[0]) == len(ranks[1]) == task.batches_per_epoch()
+    assert sum(b.count for r in ranks for b in r) == 41  # a last batch of one is kept: one process gets it
+    singles = [i for i, b in enumerate(task.batches(1, Place())) if b.count == 1]
+    for i in singles:  # the process with nothing runs a stand-in example whose loss is ignored
+        assert ranks[1][i].count == 0 and ranks[1][i].data["labels"].tolist() == [IGNORED_LABEL]
+        model = EncoderClassifier(20, 3, 8, 1, 2, 16, max_positions=12)
+        assert task.loss(model, ranks[1][i].data).item() == 0.0
     for batch in task.batches(0, Place()):  # padded to the batch's own longest text, not a global maximum
         assert batch.data["ids"].shape[1] == int((batch.data["ids"] != 0).sum(1).max())
 

@@ -4,7 +4,6 @@ under torchrun reach the weights of one process with the same global batch."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from safetensors.torch import load_file
 
 from attnlab.cli.main import cli
 from attnlab.training.checkpoint import has_checkpoint
+from launch import free_port
 from test_classify_data import write_tickets
 
 VENV_BIN = Path(sys.executable).parent
@@ -62,12 +62,6 @@ def test_kill_9_then_resume_ends_with_the_uninterrupted_weights(tmp_path):
     same_tensors(killed / "checkpoint" / "optimizer.safetensors", straight / "checkpoint" / "optimizer.safetensors")
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_process_ddp_matches_one_process(tmp_path):
     train = write_tickets(tmp_path / "train.csv", 160, seed=6)
     valid = write_tickets(tmp_path / "valid.csv", 20, seed=7)
@@ -78,7 +72,7 @@ def test_two_process_ddp_matches_one_process(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ddp = tmp_path / "ddp"
     done = subprocess.run(
-        [str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(_free_port()),
+        [str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", str(free_port()),
          "-m", "attnlab.cli.main", *map(str, args), "--out", str(ddp)],
         env=env, capture_output=True, timeout=400)
     assert done.returncode == 0, done.stderr.decode()[-3000:]

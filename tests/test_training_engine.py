@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from attnlab.errors import AttnlabError
 from attnlab.nn import DecoderLM
@@ -25,6 +26,7 @@ from attnlab.training.checkpoint import (
     save_weights,
     write_run_config,
 )
+from launch import free_port
 from toy_task import ToyTask
 
 HERE = Path(__file__).parent
@@ -85,7 +87,7 @@ def test_two_process_ddp_matches_one_process(tmp_path):
         trainer.close()
     """))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29731",
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
                     str(script), str(tmp_path / "ddp")], check=True, env=env, capture_output=True, timeout=240)
     subprocess.run([sys.executable, str(script), str(tmp_path / "single")], check=True, env=env, timeout=240,
                    capture_output=True)
@@ -99,6 +101,45 @@ def test_two_process_ddp_matches_one_process(tmp_path):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3, msg=name)
     assert not torch.equal(ddp.out.weight, task.model(0.0).out.weight)  # it did train
 
+
+def test_two_process_resume_with_dropout_repeats_the_uninterrupted_run(tmp_path):
+    """Each process's random stream is saved: with shares of unequal size (7 = 4 + 3) the two draw different
+    amounts of dropout, so rank 1 resuming with rank 0's stream would end elsewhere."""
+    script = tmp_path / "ddp_resume.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {str(HERE)!r})
+        from toy_task import ToyTask
+        from attnlab.training import TrainConfig, seed_everything
+        from attnlab.training.engine import run_training
+
+        out, fail_at_batch, resume = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "resume"
+        seed_everything(0)
+        task = ToyTask(batch_size=7, fail_at_batch=fail_at_batch)
+        config = TrainConfig(max_steps=10, lr=3e-3, eval_every=4, progress=False, device="cpu")
+        run_training(task.model(dropout=0.3), task, config, out, resume=resume)
+    """))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def torchrun(*args):  # one launch each: a process group joined again in the same processes is not reliable
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                               "--master_port", str(free_port()), str(script), *map(str, args)],
+                              env=env, capture_output=True, timeout=240)
+
+    for args in ((tmp_path / "straight", -1, "new"), (tmp_path / "resumed", 7, "new")):  # the second dies in step 7
+        torchrun(*args)
+    assert json.loads((tmp_path / "resumed/checkpoint/trainer.json").read_text())["trainer"]["step"] == 4
+    done = torchrun(tmp_path / "resumed", -1, "resume")
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    task = ToyTask()
+    straight, resumed = task.model(0.0), task.model(0.0)
+    load_weights(straight, tmp_path / "straight/checkpoint/model.safetensors")
+    load_weights(resumed, tmp_path / "resumed/checkpoint/model.safetensors")
+    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert json.loads((tmp_path / "resumed/checkpoint/trainer.json").read_text())["trainer"]["world"] == 2
+    saved = load_file(str(tmp_path / "resumed/checkpoint/optimizer.safetensors"))
+    assert not torch.equal(saved["rng.torch"], saved["rng.torch.rank1"])  # the streams did part
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     class Exploding(ToyTask):

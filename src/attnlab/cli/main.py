@@ -37,6 +37,17 @@ COMMANDS: dict[str, str] = {
 }
 
 
+def _rank_prefix() -> str:
+    """``[rank N] `` in the lines of a process other than the first under torchrun (every process reports its
+    own error, and they are told apart), nothing otherwise."""
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    return f"[rank {rank}] " if world > 1 and rank else ""
+
+
+def _error(message: str) -> None:
+    click.echo(f"{_rank_prefix()}error: {message}", err=True)
+
+
 class _MainGroup(LazyGroup):
     """The top-level group: lazy commands, and bad input reported as one line with exit status 2."""
 
@@ -55,7 +66,7 @@ class _MainGroup(LazyGroup):
             hint = f" (see '{ctx.command_path} --help')" if isinstance(err, click.UsageError) and ctx else ""
             # One line: Click lists choices on lines of their own (the user's own text keeps its spaces).
             message = " ".join(line.strip() for line in err.format_message().splitlines() if line.strip())
-            click.echo(f"error: {message}{hint}", err=True)
+            _error(f"{message}{hint}")
             sys.exit(err.exit_code)
         except click.Abort as err:  # Click's form of KeyboardInterrupt (Ctrl-C) and of Terminated
             _exit_interrupted(err)
@@ -65,11 +76,11 @@ class _MainGroup(LazyGroup):
         try:
             return super().invoke(ctx)
         except AttnlabError as err:
-            click.echo(f"error: {err}", err=True)
+            _error(str(err))
             ctx.exit(2)
         except BrokenPipeError as err:
             if not _stdout_reader_left():
-                click.echo(f"error: {err.strerror or err}", err=True)
+                _error(str(err.strerror or err))
                 ctx.exit(2)
             # The reader left (`attnlab generate ... | head`): stop quietly as other command-line tools do, with
             # SIGPIPE's status; stdout goes to /dev/null so that Python's own flush at exit fails no more.
@@ -77,7 +88,7 @@ class _MainGroup(LazyGroup):
             ctx.exit(128 + signal.SIGPIPE)
         except OSError as err:  # a path that does not exist, a folder we may not write...
             where = f": {err.filename}" if getattr(err, "filename", None) else ""
-            click.echo(f"error: {err.strerror or err}{where}", err=True)
+            _error(f"{err.strerror or err}{where}")
             ctx.exit(2)
 
 
@@ -116,13 +127,15 @@ def _terminated(signum: int, frame: Any) -> None:
 
 def _exit_interrupted(err: BaseException) -> None:
     terminated = isinstance(err, Terminated) or isinstance(err.__cause__, Terminated)
-    click.echo("terminated" if terminated else "interrupted", err=True)
+    click.echo(_rank_prefix() + ("terminated" if terminated else "interrupted"), err=True)
     sys.exit(128 + (signal.SIGTERM if terminated else signal.SIGINT))
 
 
 def main() -> None:
     """Console-script entry point."""
     signal.signal(signal.SIGTERM, _terminated)
+    if _rank_prefix():  # under torchrun the first process reports; the others' output would repeat it
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (open for the life of the process)
     try:
         cli.main(prog_name="attnlab")
     except KeyboardInterrupt as err:

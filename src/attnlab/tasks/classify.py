@@ -81,6 +81,10 @@ def predict_logits(model: nn.Module, ids: Sequence[Sequence[int]], batch_size: i
     return out
 
 
+#: The label of a stand-in example whose loss is ignored (cross-entropy's default ``ignore_index``).
+IGNORED_LABEL = -100
+
+
 class ClassifyTask:
     """The engine's :class:`~attnlab.training.Task` for labelled texts.
 
@@ -110,9 +114,15 @@ class ClassifyTask:
     def batches(self, epoch: int, place: Place) -> Iterator[Batch]:
         """This process's share of each global batch of ``epoch``: {"ids": (b, longest), "labels": (b,)}."""
         for global_batch in bucketed_batches(self.lengths, seed=self.seed, epoch=epoch, batch_size=self.batch_size):
-            if len(global_batch) < place.world:
-                continue  # a process would get nothing; every process skips it alike, so counts stay equal
             index = shard(global_batch, place)
+            if not index:
+                # A last batch smaller than the world leaves this process no example. It runs one of the batch's
+                # with its label ignored (a loss and gradient of exactly 0, through the same layers as the others
+                # run), so that N processes train on what one process does; skipping the batch would not.
+                stand_in = global_batch[:1]
+                yield Batch({"ids": pad_batch([self.train_ids[i] for i in stand_in]),
+                             "labels": torch.full((1,), IGNORED_LABEL, dtype=torch.long)}, count=0, tokens=0)
+                continue
             yield Batch({"ids": pad_batch([self.train_ids[i] for i in index]), "labels": self.train_labels[index]},
                         count=len(index), tokens=sum(self.lengths[i] for i in index))
 

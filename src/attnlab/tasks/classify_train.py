@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import statistics
 import tempfile
 import time
@@ -39,7 +38,7 @@ from attnlab.tasks.classify_features import (
 )
 from attnlab.tasks.classify_models import TextClassifier
 from attnlab.tasks.tables import Table, check_classes, fingerprint, read_table, split_off
-from attnlab.training import TrainConfig, Trainer, seed_everything
+from attnlab.training import TrainConfig, Trainer, distributed, seed_everything
 from attnlab.training.checkpoint import (
     CONFIG,
     WEIGHTS,
@@ -158,6 +157,7 @@ class ClassifySettings:
             raise AttnlabError(f"--d-model {self.d_model} is not divisible by --heads {self.heads}: "
                                "each head gets d_model / heads dimensions")
         self.train_config(1, 1, progress=False).validate()  # the engine's own checks (EMA decay, learning rate)
+        distributed.check_batch_size(self.batch_size)
 
     def train_config(self, steps: int, steps_per_epoch: int, progress: bool) -> TrainConfig:
         return TrainConfig(
@@ -318,18 +318,19 @@ def time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySetti
     goes through them (Theil-Sen: one step slowed by another program does not move it), and the epoch is
     that line summed over the epoch's real batches. Two untimed steps first pay for allocation and lazy initialisation, and an untimed evaluation for
     the imports of the first one. Torch's random state is put back, so the run itself is the same as without
-    the measurement. Under torchrun every process uses rank 0's figure (they must agree on the number of steps).
+    the measurement. Under torchrun each process times its own share of the batches through the DDP-wrapped
+    model (the gradient all-reduce included), and every process takes the slowest one's training time plus rank
+    0's evaluation (they must agree on the number of steps).
     """
     from scipy.stats import theilslopes
-
-    from attnlab.training import distributed
 
     rng = torch.get_rng_state()
     probe = copy.deepcopy(model)
     with tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(probe, task, settings.train_config(1, 1, progress=False), scratch)
-    optimizer, device = trainer.optimizer, trainer.place.device
-    epoch = list(task.batches(0, distributed.Place()))
+    optimizer, place = trainer.optimizer, trainer.place
+    device = place.device
+    epoch = list(task.batches(0, place))  # this process's share of each global batch
     if not epoch:
         raise AttnlabError("the training data produced no batches")
     sizes = [b.data["ids"].numel() for b in epoch]
@@ -347,7 +348,7 @@ def time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySetti
     probe.train()
     for i in picked[-1:] * 2 + picked:  # the largest batch first, untimed, twice
         begin = clock()
-        task.loss(probe, to_device(epoch[i].data, device)).backward()
+        task.loss(trainer.net, to_device(epoch[i].data, device)).backward()  # through DDP under torchrun
         nn.utils.clip_grad_norm_(probe.parameters(), settings.grad_clip or math.inf)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -363,12 +364,10 @@ def time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySetti
         task.evaluate(probe)  # untimed: the first evaluation imports what it needs
         begin = clock()
         task.evaluate(probe)
-        seconds = train_seconds + clock() - begin
+        eval_seconds = clock() - begin
     torch.set_rng_state(rng)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # joins the process group the engine would join anyway
-        place = distributed.setup()
-        seconds = distributed.all_sum(seconds if place.is_main else 0.0, place)
-    return seconds
+    slowest = max(distributed.all_gather(train_seconds, place))
+    return slowest + distributed.all_gather(eval_seconds, place)[0]
 
 
 def train_classifier(
@@ -416,7 +415,7 @@ def train_classifier(
             validated = (f"--valid {saved['data']['valid']}" if saved["data"]["valid"] else
                          f"--valid-fraction {saved['data']['valid_fraction']} of the training file")
             raise AttnlabError(f"this run was validated on {validated}; resume it with the same validation data")
-    elif main and (out / CONFIG).exists():  # rank 0 only: under torchrun the others would see rank 0's new config
+    elif (out / CONFIG).exists():  # every process checks, before the barrier below lets rank 0 write
         raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     settings.check()
     if settings.threads:
@@ -467,6 +466,9 @@ def train_classifier(
         note(f"schedule: {epochs} epochs of {per_epoch} steps fit in {settings.max_seconds:g} s "
              f"(about {epoch_seconds:.1f} s an epoch, measured)")
     config = settings.train_config(planned, per_epoch, progress and main)
+    # Under torchrun every process has checked the folder (and would have refused together) before rank 0, alone,
+    # writes to it: one that checked after rank 0 had written would find "a run" there.
+    distributed.barrier(distributed.setup(config.device))
     existed = Path(out).exists()
     if saved is None and main:
         ensure_writable_dir(out)

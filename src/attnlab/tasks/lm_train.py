@@ -45,7 +45,7 @@ from attnlab.tasks.lm import (
     torch_threads,
 )
 from attnlab.tasks.tables import fingerprint
-from attnlab.training import TrainConfig, seed_everything
+from attnlab.training import TrainConfig, distributed, seed_everything
 from attnlab.training.checkpoint import (
     CONFIG,
     WEIGHTS,
@@ -322,10 +322,11 @@ def train_language_model(
             if is_main_process():
                 print(f"{out} has no checkpoint yet: starting the run again from step 0", file=sys.stderr)
             resume = False
-    elif is_main_process() and (Path(out) / CONFIG).exists():  # under torchrun rank 0 writes it
+    elif (Path(out) / CONFIG).exists():  # every process checks, before the barrier below lets rank 0 write
         raise AttnlabError(f"{out} already holds a run; continue it with --resume or choose another --out")
     config = settings.train_config(progress)
     config.validate()  # before anything is written: a bad setting leaves no half-made run
+    distributed.check_batch_size(settings.batch_size)
     if settings.width % settings.heads:  # said here in the command's words, before the text is read
         raise AttnlabError(f"--width {settings.width} is not divisible by --heads {settings.heads}: "
                            "each head gets width / heads dimensions")
@@ -341,9 +342,14 @@ def train_language_model(
         if is_main_process():  # once the text and the settings have been accepted
             for note in _notes(settings, data, requested or {}):
                 print(f"note: {note}", file=sys.stderr)
+        # Under torchrun every process has checked the folder (and would have refused together) before rank 0,
+        # alone, writes to it: one that checked after rank 0 had written would find "a run" there.
+        main = is_main_process()
+        distributed.barrier(distributed.setup(config.device))
         existed = Path(out).exists()
         out = ensure_writable_dir(out)  # only now: a setting the model or the data refuse leaves no folder behind
-        data.tokenizer.save(out / TOKENIZER_FILE)
+        if main:
+            data.tokenizer.save(out / TOKENIZER_FILE)
         run_config = {
             "task": task_name,
             # A subclass (the leak experiment's) is recorded under its own name: no loader mistakes it for DecoderLM.
@@ -355,16 +361,17 @@ def train_language_model(
             "lm": asdict(settings),
             "train": config_dict(config),
         }
-        if not resume:  # a resume records its settings (a new time budget) once it has run: a failed one changes nothing
+        if not resume and main:  # a resume records its settings (a new time budget) once it has run: a failed one changes nothing
             write_run_config(out, run_config)
         result = train_or_forget(model, task, config, out, resume=resume, existed=existed,
                                  task_files=[TOKENIZER_FILE])
-        if resume:
+        if resume and main:
             write_run_config(out, run_config)
         load_weights(model, out / WEIGHTS)  # the kept (best) weights: what generate will use
         model.eval()
+        # Rank 0 evaluates, times the peak (alone: two processes timing at once would halve it) and reports.
         val_loss = evaluate_loss(model, data.val, context=settings.context, batch_size=settings.eval_batch_size,
-                                 iters=settings.final_eval_iters, seed=settings.seed)
+                                 iters=settings.final_eval_iters, seed=settings.seed) if main else math.nan
         wall = time.perf_counter() - started
         steady, basis = steady_rate(out / METRICS_FILE, result.tokens_per_second)
         report = LMReport(
@@ -373,7 +380,9 @@ def train_language_model(
             steady_tokens_per_second=steady, steady_basis=basis,
             flops_per_token=flops_per_token(model, settings.context), steps=result.steps,
             tokens=result.tokens, parameters=model.num_parameters(),
-            settings=asdict(settings), peak_flops=measure_peak_matmul() if measure_peak else 0.0, resumed=resume,
+            settings=asdict(settings), peak_flops=measure_peak_matmul() if measure_peak and main else 0.0,
+            resumed=resume,
         )
-        write_json_atomic(out / RESULT_FILE, report.as_dict())
+        if main:
+            write_json_atomic(out / RESULT_FILE, report.as_dict())
         return model, report

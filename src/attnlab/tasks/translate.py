@@ -44,7 +44,7 @@ from attnlab.tasks.parallel_data import (
     source_ids,
     token_batches,
 )
-from attnlab.training import Batch, TrainConfig, TrainResult, seed_everything
+from attnlab.training import Batch, TrainConfig, TrainResult, distributed, seed_everything
 from attnlab.training.checkpoint import (
     CONFIG,
     has_checkpoint,
@@ -282,6 +282,10 @@ def _init_embeddings(model: Transformer) -> None:
         nn.init.normal_(table.weight, std=table.embedding_dim ** -0.5)
 
 
+def _silent(_line: str) -> None:
+    """The log of a process other than rank 0."""
+
+
 def _same_data(saved: dict[str, str], **given: str | Path) -> None:
     """Refuse a resume on other training or validation data than the run's (its batches would not repeat)."""
     for split, path in given.items():
@@ -343,6 +347,9 @@ def train_translation(
     out = Path(out)
     config = train_config or TrainConfig(**RECIPE_TRAIN)
     config.validate()  # before anything is written: a bad setting leaves no half-made run
+    main = is_main_process()
+    if not main:  # under torchrun rank 0 reports; the others would repeat it
+        log = _silent
     existed = out.exists()  # a run that fails before its first checkpoint removes the folder only if it made it
     refuse_non_folder(out, "--out")
     if resume:
@@ -358,7 +365,7 @@ def train_translation(
         model_kwargs = {k: saved_model[k] for k in ("max_src_positions", "max_tgt_positions")}
         sizes = (saved_model.get("src_vocab_size"), saved_model.get("tgt_vocab_size"))
         src_tok, tgt_tok = load_tokenizers(out, settings, None if None in sizes else sizes)
-    elif is_main_process() and (out / CONFIG).exists():  # a new run would overwrite this one's files
+    elif (out / CONFIG).exists():  # every process checks, before the barrier below lets rank 0 write
         raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     else:
         model_kwargs = {**RECIPE_MODEL, **(model_kwargs or {})}
@@ -379,7 +386,7 @@ def train_translation(
     # Killed before its first checkpoint: build the weights the run started from (the same seed and saved
     # model settings) and start again from step 0, which repeats it exactly, as classify and lm do.
     restart = resume and not has_checkpoint(out)
-    if restart and is_main_process():
+    if restart:
         log(f"{out} has no checkpoint yet: starting the run again from step 0")
     if resume:
         model = rebuild_model(run_cfg["model"])
@@ -388,18 +395,22 @@ def train_translation(
     else:
         model = build_model((src_tok.vocab_size, tgt_tok.vocab_size), model_kwargs, share_embeddings=share_embeddings,
                             tie_output=tie_output, look_ahead_mask=settings.look_ahead_mask)
-        out.mkdir(parents=True, exist_ok=True)
-        save_tokenizers(out, src_tok, tgt_tok, settings)
-        write_run_config(out, {"task": TASK, "model": model_config(model), "train": config_dict(config),
-                               "settings": asdict(settings), "data": {"train": str(train), "valid": str(valid)}})
+        # Every process has checked the folder (and would have refused together) before rank 0, alone, writes
+        # to it: one that checked after rank 0 had written would find "a run" there.
+        distributed.barrier(distributed.setup(config.device))
+        if main:
+            out.mkdir(parents=True, exist_ok=True)
+            save_tokenizers(out, src_tok, tgt_tok, settings)
+            write_run_config(out, {"task": TASK, "model": model_config(model), "train": config_dict(config),
+                                   "settings": asdict(settings), "data": {"train": str(train), "valid": str(valid)}})
     task = TranslationTask(train_pairs, valid_pairs, valid_sources, valid_ref, tgt_tok, settings, seed=config.seed)
     log(f"{len(train_pairs)} training pairs, {len(valid_pairs)} validation pairs; model {type(model).__name__} "
         f"with {model.num_parameters():,} parameters")
     result = train_or_forget(model, task, config, out, resume=resume and not restart,
                              existed=existed, task_files=set(settings.tokenizers.values()))
-    if resume and is_main_process():  # what the run continued with; not before: a resume that fails changes nothing
+    if resume and main:  # what the run continued with; not before: a resume that fails changes nothing
         write_run_config(out, {**run_cfg, "train": config_dict(config)})
-    if is_main_process():
+    if main:
         write_json_atomic(out / RESULT, {"steps": result.steps, "seconds": round(result.elapsed, 1),
                                          "tokens_per_second": round(result.tokens_per_second), "best": result.best,
                                          "final_loss": result.final_loss, "stopped_early": result.stopped_early,

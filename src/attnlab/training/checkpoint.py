@@ -192,13 +192,31 @@ def load_run(run_dir: str | Path, task: str | None = None) -> tuple[nn.Module, d
     return model.eval(), config
 
 
+def rng_state() -> dict[str, torch.Tensor]:
+    """This process's random generators: torch's CPU one and, where there is one, the current GPU's."""
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _rng_key(kind: str, rank: int) -> str:
+    return f"rng.{kind}" if rank == 0 else f"rng.{kind}.rank{rank}"
+
+
 def save_checkpoint(
     run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any], *,
-    averaged: nn.Module | None = None,
+    averaged: nn.Module | None = None, rng_states: list[dict[str, torch.Tensor]] | None = None,
 ) -> None:
-    """Write ``RUN/checkpoint/`` whole: weights, optimizer moments, RNG state, the trainer's counters and, if
-    given, the averaged model (its weights and how many steps it has averaged)."""
-    tensors: dict[str, torch.Tensor] = {"rng.torch": torch.get_rng_state()}
+    """Write ``RUN/checkpoint/`` whole: weights, optimizer moments, RNG states, the trainer's counters and, if
+    given, the averaged model (its weights and how many steps it has averaged).
+
+    ``rng_states`` holds each process's :func:`rng_state` in rank order (under DDP the streams part after the
+    first step: each process draws dropout for its own share of the batch); None means this process's alone.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    for rank, generators in enumerate(rng_states or [rng_state()]):
+        tensors |= {_rng_key(kind, rank): value for kind, value in generators.items()}
     state = optimizer.state_dict()
     for index, per_param in state["state"].items():
         for key, value in per_param.items():
@@ -230,8 +248,12 @@ def checkpoint_progress(run_dir: str | Path) -> tuple[int, float]:
 
 
 def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,
-                    averaged: nn.Module | None = None) -> dict[str, Any]:
-    """Restore weights, optimizer, RNG and the averaged model from ``RUN/checkpoint/``; return the counters."""
+                    averaged: nn.Module | None = None, rank: int = 0) -> dict[str, Any]:
+    """Restore weights, optimizer, RNG and the averaged model from ``RUN/checkpoint/``; return the counters.
+
+    Process ``rank`` takes the random generators saved for it, or rank 0's when the run was saved by fewer
+    processes (the counters hold ``world``, the number that saved it).
+    """
     folder = Path(run_dir) / CHECKPOINT
     if not has_checkpoint(run_dir):
         raise AttnlabError(f"nothing to resume: {folder} holds no checkpoint")
@@ -247,7 +269,11 @@ def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.opti
         meta = json.loads((folder / "trainer.json").read_text(encoding="utf-8"))
     except (SafetensorError, OSError, json.JSONDecodeError) as err:
         raise AttnlabError(f"checkpoint in {folder} is damaged: {err}") from err
-    torch.set_rng_state(tensors.pop("rng.torch"))
+    rng = {name: tensors.pop(name) for name in [n for n in tensors if n.startswith("rng.")]}
+    torch.set_rng_state(rng.get(_rng_key("torch", rank), rng["rng.torch"]))
+    cuda = rng.get(_rng_key("cuda", rank), rng.get("rng.cuda"))
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda)
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for name, value in tensors.items():
         _, index, key = name.split(".", 2)

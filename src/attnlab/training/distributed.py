@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from attnlab.errors import AttnlabError
+
 
 @dataclass(frozen=True)
 class Place:
@@ -37,6 +39,14 @@ def is_main_process() -> bool:
     """Rank 0 under torchrun, or a plain run; known from the environment before the process group exists,
     so a task can decide who writes the run folder before the engine starts."""
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def check_batch_size(batch_size: int, option: str = "--batch-size") -> None:
+    """Refuse a global batch smaller than the number of torchrun processes: some would never get an example."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if batch_size < world:
+        raise AttnlabError(f"{option} {batch_size} is smaller than the {world} processes torchrun started: each "
+                           "process takes a share of every global batch, so some would never train")
 
 
 def setup(device: str = "auto") -> Place:
@@ -75,6 +85,15 @@ def broadcast_flag(flag: bool, place: Place) -> bool:
     t = torch.tensor([int(flag)], device=place.device)
     dist.broadcast(t, src=0)
     return bool(t.item())
+
+
+def all_gather(obj: object, place: Place) -> list:
+    """Every process's ``obj`` (picklable), in rank order, on every process."""
+    if not place.distributed:
+        return [obj]
+    gathered: list = [None] * place.world
+    dist.all_gather_object(gathered, obj)
+    return gathered
 
 
 def barrier(place: Place) -> None:

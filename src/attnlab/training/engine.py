@@ -49,6 +49,7 @@ from attnlab.training.checkpoint import (
     WEIGHTS,
     has_checkpoint,
     load_checkpoint,
+    rng_state,
     save_checkpoint,
     save_weights,
 )
@@ -283,8 +284,11 @@ class Trainer:
         self.metrics_path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
 
     def _checkpoint(self) -> None:
+        rng_states = distributed.all_gather(rng_state(), self.place)  # each process's stream, for an exact resume
         if self.place.is_main:
-            save_checkpoint(self.out, self.model, self.optimizer, self.state, averaged=self.averaged)
+            self.state["world"] = self.place.world
+            save_checkpoint(self.out, self.model, self.optimizer, self.state, averaged=self.averaged,
+                            rng_states=rng_states)
         self.checkpoint_step = self.state["step"]
         distributed.barrier(self.place)
 
@@ -292,7 +296,14 @@ class Trainer:
         """Continue from ``out/checkpoint`` (weights, optimizer, RNG, counters)."""
         if not has_checkpoint(self.out):
             raise AttnlabError(f"nothing to resume in {self.out}: no checkpoint/ folder")
-        self.state.update(load_checkpoint(self.out, self.model, self.optimizer, averaged=self.averaged))
+        self.state.update(load_checkpoint(self.out, self.model, self.optimizer, averaged=self.averaged,
+                                          rank=self.place.rank))
+        saved_world = self.state.get("world", 1)
+        if saved_world != self.place.world and self.place.is_main:
+            print(f"note: the checkpoint was saved by {saved_world} process{'es' if saved_world > 1 else ''}, this run "
+                  f"has {self.place.world}: each global batch is split otherwise and the random streams of processes "
+                  "past the first start again from the first's, so the run goes on validly but not as the "
+                  "uninterrupted one would have", file=sys.stderr)
         if self.state["step"] > self.config.max_steps:  # it would take no step, and record a length it never had
             raise AttnlabError(f"the checkpoint in {self.out} is at step {self.state['step']}, past max_steps "
                                f"{self.config.max_steps}; resume with at least {self.state['step']}")

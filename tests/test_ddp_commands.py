@@ -1,0 +1,73 @@
+"""The training commands under torchrun: every process checks the run folder before rank 0 alone writes it,
+rank 0 alone reports, and an error says which process it comes from.
+
+Each test launches two processes on the CPU (gloo) on a text or corpus the test writes.
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+from launch import free_port
+from test_lm import TEXT
+from test_translate import SMALL, write_corpus
+
+LM = ["--layers", "1", "--width", "16", "--heads", "2", "--context", "8", "--batch-size", "4", "--steps", "4",
+      "--warmup", "1", "--eval-every", "2", "--eval-iters", "1", "--final-eval-iters", "1", "--no-progress",
+      "--threads", "1"]
+
+
+def torchrun(tmp_path, *args, rank0_delay=0.0):
+    """``attnlab ARGS`` in two processes; rank 0 starts ``rank0_delay`` seconds late (the other would write first
+    if it could)."""
+    launcher = tmp_path / "late_rank0.py"
+    launcher.write_text(textwrap.dedent(f"""
+        import os, sys, time
+        if os.environ["RANK"] == "0":
+            time.sleep({rank0_delay})
+        sys.argv[0] = "attnlab"
+        from attnlab.cli.main import main
+        main()
+    """))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(free_port()), str(launcher), *map(str, args)],
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_new_lm_run_is_written_by_rank_0_alone_and_reported_once(tmp_path):
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    done = torchrun(tmp_path, "train", "lm", "--text", text, "--out", tmp_path / "run", *LM, rank0_delay=3)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "already holds a run" not in done.stderr
+    assert done.stdout.count("final val loss") == 1  # the other process prints nothing
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["peak_flops"] > 0 and result["steps"] == 4  # rank 0's report, its peak timed alone
+
+
+def test_a_new_translation_run_is_written_by_rank_0_alone(tmp_path):
+    rng = random.Random(0)
+    write_corpus(tmp_path / "train", 60, rng)
+    write_corpus(tmp_path / "valid", 8, rng)
+    done = torchrun(tmp_path, "train", "translate", "--train", tmp_path / "train", "--valid", tmp_path / "valid",
+                    "--src", "xx", "--tgt", "yy", "--out", tmp_path / "run", "--max-steps", "2", "--eval-every", "2",
+                    *SMALL, rank0_delay=3)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "already holds a run" not in done.stderr
+    assert done.stderr.count("training BPE") == 1  # rank 0 logs; the other process is quiet
+    assert (tmp_path / "run" / "result.json").is_file()
+
+
+def test_under_torchrun_each_process_names_itself_in_its_error_and_small_batches_are_refused(tmp_path):
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    done = torchrun(tmp_path, "train", "lm", "--text", text, "--out", tmp_path / "run", *LM, "--batch-size", "1")
+    lines = [line for line in done.stderr.splitlines() if "error:" in line]
+    message = "--batch-size 1 is smaller than the 2 processes torchrun started"
+    assert any(line.startswith("error: " + message) for line in lines), done.stderr[-3000:]
+    assert any(line.startswith("[rank 1] error: " + message) for line in lines)
+    assert not (tmp_path / "run").exists()
