@@ -22,6 +22,7 @@ VOCAB, WIDTH, HEADS, MAX_LEN, PAD = 32, 16, 2, 16, 0
 TINY_BUGS = (
     "diag_excluded",          # look-ahead mask tril(-1): row 0 fully hidden, -inf fill gives NaN
     "diag_excluded_1e9",      # the same with a -1e9 fill: row 0 attends uniformly, to the future too
+    "sees_next",              # look-ahead mask tril(1): every position also reads the one after it
     "mask_multiply",          # scores * mask instead of a -inf/-1e9 fill: hidden keys score 0, still attended
     "softmax_wrong_axis",     # softmax over the queries: each weight normalised with later rows
     "mask_query_axis",        # padding mask (B,1,S,1): hides padded queries instead of padded keys
@@ -124,8 +125,8 @@ def key_mask(ids: Tensor, bug: str | None) -> Tensor:
 
 
 def look_ahead(length: int, bug: str | None) -> Tensor:
-    """(1, 1, S, S) bool lower triangle; the off-by-one bugs drop the diagonal."""
-    diagonal = -1 if bug in ("diag_excluded", "diag_excluded_1e9") else 0
+    """(1, 1, S, S) bool lower triangle; the off-by-one bugs drop the diagonal or keep the one above it."""
+    diagonal = -1 if bug in ("diag_excluded", "diag_excluded_1e9") else 1 if bug == "sees_next" else 0
     return torch.ones(length, length, dtype=torch.bool).tril(diagonal)[None, None]
 
 

@@ -271,7 +271,8 @@ def test_from_torch_computes_what_torchs_multihead_attention_computes(bias):
     with torch.no_grad():
         want, want_w = theirs(x, memory, memory, key_padding_mask=hide)
         got, got_w = ours(x, memory, attend_mask=from_key_padding_mask(hide), need_weights=True)
-    torch.testing.assert_close(got, want)
+        torch.testing.assert_close(ours(x)[0], theirs(x, x, x, need_weights=False)[0])  # self-attention too
+    torch.testing.assert_close(got, want)  # cross-attention: queries from x, keys and values from memory
     torch.testing.assert_close(got_w.mean(1), want_w)  # torch averages its heads' weights
     with torch.no_grad():  # a copy: changing torch's module leaves ours alone
         theirs.in_proj_weight.add_(1.0)
@@ -282,3 +283,28 @@ def test_from_torch_computes_what_torchs_multihead_attention_computes(bias):
 def test_from_torch_refuses_variants_attnlab_has_no_counterpart_for(kwargs):
     with pytest.raises(AttnlabError, match="counterpart"):
         MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, **kwargs))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@torch.no_grad()
+def test_encoder_and_decoder_layers_compute_what_torchs_compute_with_the_same_weights(norm_first, activation):
+    torch.manual_seed(0)
+    kwargs = dict(dropout=0.0, activation=activation, norm_first=norm_first)
+    t_enc = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, **kwargs).eval()
+    t_dec = nn.TransformerDecoderLayer(16, 4, 32, batch_first=True, **kwargs).eval()
+    enc = EncoderLayer(16, 4, 32, eps=1e-5, **kwargs).eval()
+    dec = DecoderLayer(16, 4, 32, eps=1e-5, **kwargs).eval()
+    enc.self_attn.load_state_dict(MultiHeadAttention.from_torch(t_enc.self_attn).state_dict())
+    dec.self_attn.load_state_dict(MultiHeadAttention.from_torch(t_dec.self_attn).state_dict())
+    dec.cross_attn.load_state_dict(MultiHeadAttention.from_torch(t_dec.multihead_attn).state_dict())
+    for ours, theirs in ((enc.ffn.up, t_enc.linear1), (enc.ffn.down, t_enc.linear2), (enc.attn_block.norm, t_enc.norm1),
+                         (enc.ffn_block.norm, t_enc.norm2), (dec.ffn.up, t_dec.linear1), (dec.ffn.down, t_dec.linear2),
+                         (dec.self_block.norm, t_dec.norm1), (dec.cross_block.norm, t_dec.norm2),
+                         (dec.ffn_block.norm, t_dec.norm3)):
+        ours.load_state_dict(theirs.state_dict())
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    torch.testing.assert_close(enc(x)[0], t_enc(x), atol=1e-5, rtol=1e-5)
+    causal = nn.Transformer.generate_square_subsequent_mask(5)
+    torch.testing.assert_close(dec(x, memory, self_attend_mask=causal_mask(5))[0], t_dec(x, memory, tgt_mask=causal),
+                               atol=1e-5, rtol=1e-5)

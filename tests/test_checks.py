@@ -745,3 +745,30 @@ def test_a_package_lists_the_factories_it_re_exports(tmp_path, monkeypatch):
     assert result.exit_code == 2
     assert result.stderr.strip().endswith("has no factory 'make_modle' (the functions and classes it defines: "
                                           "TinyNet, make_model)")
+
+
+def test_padding_invariance_compares_every_real_position_not_only_the_first():
+    torch.manual_seed(0)
+    lm = DecoderLM(32, 16, 1, 2, max_positions=16, pad_id=0).eval()
+
+    def counts_padding_after_the_first(ids):  # position 0 is untouched; later ones read how many pads follow
+        out = lm(ids).clone()
+        out[:, 1:] += (ids == 0).sum(1, keepdim=True)[..., None].float()
+        return out
+
+    result = run_checks(counts_padding_after_the_first, Contract("decoder"), seeds=2,
+                        only=["padding-invariance"]).results[0]
+    assert result.status == "fail", result
+    assert result.evidence["positions"] and min(result.evidence["positions"]) >= 1
+
+
+def test_a_model_whose_output_is_nan_on_one_path_only_fails_inference_path():
+    torch.manual_seed(0)
+    lm = DecoderLM(32, 16, 1, 2, max_positions=16, pad_id=0).eval()
+
+    def nan_on_the_fast_path(ids):
+        out = lm(ids)
+        return out * math.nan if torch.backends.mha.get_fastpath_enabled() else out
+
+    result = run_checks(nan_on_the_fast_path, Contract("decoder"), seeds=1, only=["inference-path"]).results[0]
+    assert result.status == "fail" and "not finite on torch's inference fast path" in result.summary, result

@@ -15,6 +15,7 @@ from mutants import SEQ2SEQ_BUGS, TINY_BUGS, Tiny, TinySeq2Seq
 MUTANTS = [
     ("diag_excluded", "decoder", "finite-outputs"),          # row 0 all -inf: NaN
     ("diag_excluded_1e9", "decoder", "causal"),              # row 0 uniform: sees the future
+    ("sees_next", "decoder", "causal"),                      # a leak of one token: only the next one moves
     ("mask_multiply", "decoder", "causal"),
     ("mask_multiply", "encoder", "padding-content"),
     ("softmax_wrong_axis", "decoder", "causal"),
@@ -31,6 +32,7 @@ MUTANTS = [
     ("pool_includes_padding", "encoder:mean-pooled", "padding-content"),
     ("cross_mask_from_target", "seq2seq", "padding-invariance"),  # seed 000, change 8
     ("cross_mask_missing", "seq2seq", "padding-invariance"),
+    ("cross_mask_missing", "seq2seq", "padding-content"),    # through the extra source padding columns
 ]
 
 #: Mutants whose bug shows as an exception on valid inputs rather than as wrong numbers.

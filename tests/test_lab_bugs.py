@@ -52,11 +52,17 @@ def test_broadcast_trap_matches_numpy(section):
     assert n["shape"] == [3, 3, 5]
     assert n["diagonal_rows_correct"] and n["off_diagonal_pairings_wrong"] == 6
     assert "rank" in n["refusal"] and n["refusal"].startswith("AttnlabError:")
-    # Independently: row [i, j] of the broadcast is sequence j's scores under sequence i's mask.
+    # Independently: the row the page prints at [1, 0] is sequence 0's scores under sequence 1's mask, and the
+    # one at [0, 0] the correct softmax of sequence 0.
     ids = np.array([[7, 6, 0, 0, 1], [1, 2, 3, 0, 0], [0, 0, 0, 4, 5]], dtype=float)
-    logits = ids + (ids == 0)[:, None, :] * -1e9
-    assert logits.shape == (3, 3, 5)
-    assert np.array_equal(logits[1, 0], ids[0] + (ids[1] == 0) * -1e9)
+
+    def softmax(x):
+        e = np.exp(x - x.max())
+        return e / e.sum()
+
+    assert n["row_0_0"] == pytest.approx(softmax(np.where(ids[0] == 0, -np.inf, ids[0])).tolist(), abs=1e-9)
+    assert n["row_1_0"] == pytest.approx(softmax(np.where(ids[1] == 0, -np.inf, ids[0])).tolist(), abs=1e-9)
+    assert n["row_1_0"][2] > 0.0 == n["row_1_0"][4]  # weight on sequence 0's padding, none on its last real token
 
 
 def test_rank_change_and_refusal(section):

@@ -9,6 +9,7 @@ from attnlab.errors import AttnlabError
 from attnlab.nn import (
     DecoderLayer,
     DecoderLM,
+    Embedder,
     Encoder,
     EncoderClassifier,
     EncoderLayer,
@@ -241,7 +242,11 @@ def test_lm_starts_near_uniform_guessing():
         logits = lm(ids)
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.roll(-1, 1).flatten())
     assert abs(float(loss) - math.log(65)) < 0.1
-    assert lm.body.layers[0].self_attn.out_proj.weight.std() < lm.body.layers[0].ffn.up.weight.std()
+    residual = 0.02 / math.sqrt(2 * 4)  # the two projections into the residual stream, in every layer
+    for layer in lm.body.layers:
+        for weight in (layer.self_attn.out_proj.weight, layer.ffn.down.weight):
+            assert weight.std().item() == pytest.approx(residual, rel=0.05)
+        assert layer.ffn.up.weight.std().item() == pytest.approx(0.02, rel=0.05)
 
 
 def test_one_cached_query_needs_no_mask_and_several_get_the_causal_one():
@@ -297,3 +302,51 @@ def test_ids_of_the_wrong_rank_and_empty_caches_are_named():
         Transformer(20, 22, 8, 1, 2, 16).eval()(ids, ids[0])
     with pytest.raises(AttnlabError, match=r"caches has 0 entries, the stack has 1 layers"):
         DecoderLM(20, 8, 1, 2).eval()(ids, caches=[])
+
+
+def test_the_embedder_scales_token_vectors_by_sqrt_d_and_a_pre_norm_stack_ends_normalised():
+    embed = Embedder(10, 16, max_positions=8, positions="none", dropout=0.0)
+    ids = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(embed(ids), embed.tokens.weight[ids] * 4.0)  # sqrt(16)
+    torch.manual_seed(0)
+    encoder = Encoder(20, 16, 2, 2, 32, max_positions=8, dropout=0.0, norm_first=True).eval()
+    with torch.no_grad():
+        states, _ = encoder(torch.randint(1, 20, (2, 6)))
+    torch.testing.assert_close(states.mean(-1), torch.zeros(2, 6), atol=1e-5, rtol=0)  # the final LayerNorm
+    assert float(states.std(-1).min()) > 0.5
+
+
+@torch.no_grad()
+def test_cached_decoding_several_tokens_at_a_time_equals_the_full_pass():
+    torch.manual_seed(0)
+    lm = DecoderLM(50, 32, 2, 4, max_positions=16).eval()
+    ids = torch.randint(1, 50, (2, 9))
+    caches = lm.new_caches()
+    chunks = [lm(ids[:, a:b], caches=caches) for a, b in ((0, 2), (2, 4), (4, 7), (7, 9))]
+    torch.testing.assert_close(torch.cat(chunks, 1), lm(ids), atol=1e-5, rtol=0)
+    model = Transformer(30, 30, 32, 2, 4, 64, dropout=0.0).eval()
+    src, tgt = torch.tensor([[4, 5, 6, 0]]), torch.tensor([[1, 7, 8, 9, 3]])
+    memory, memory_mask = model.encode(src)
+    full, _ = model.decode(tgt, memory, memory_attend_mask=memory_mask)
+    caches = model.new_caches()
+    steps = [model.decode(tgt[:, a:b], memory, memory_attend_mask=memory_mask, caches=caches)[0]
+             for a, b in ((0, 3), (3, 5))]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_a_decoder_lm_with_a_pad_id_hides_left_padding_too():
+    torch.manual_seed(0)
+    lm = DecoderLM(20, 16, 1, 2, max_positions=8, pad_id=0, positions="none").eval()  # left padding moves positions
+    torch.testing.assert_close(lm(torch.tensor([[0, 0, 5, 6, 7]]))[:, 2:], lm(torch.tensor([[5, 6, 7]])),
+                               atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_the_classifier_normalises_its_states_before_pooling():
+    torch.manual_seed(0)
+    model = EncoderClassifier(20, 3, 16, 1, 2, 32, max_positions=8).eval()
+    ids = torch.tensor([[3, 4, 5, 0]])
+    before = model.pooled(ids)
+    model.norm.weight.mul_(2.0)  # the norm's gain (its shift starts at 0) scales what is pooled
+    torch.testing.assert_close(model.pooled(ids), 2 * before)

@@ -92,3 +92,14 @@ def test_position_tables_take_a_length_not_the_input_and_say_so():
     with pytest.raises(AttnlabError, match="learned position table takes a length"):
         LearnedPositions(5, 8)(2.5)
     assert SinusoidalPositions(5, 8)(3).shape == (3, 8)
+
+
+def test_rotary_turns_pair_2j_2j_plus_1_by_position_times_base_to_the_minus_2j_over_h():
+    rotary, position, h = RotaryEmbedding(8, 32), 5, 8
+    for j in range(h // 2):
+        x = torch.zeros(1, 1, 1, h)
+        x[..., 2 * j] = 1.0  # the unit vector of the pair's first dimension
+        angle = position * 10000.0 ** (-2 * j / h)
+        want = torch.zeros(h)
+        want[2 * j], want[2 * j + 1] = math.cos(angle), math.sin(angle)
+        torch.testing.assert_close(rotary(x, position)[0, 0, 0], want, atol=1e-6, rtol=0)

@@ -401,10 +401,20 @@ def test_a_score_that_is_not_finite_stops_training_instead_of_never_keeping_weig
         trainer.fit()
 
 
-def test_a_run_the_time_budget_stops_says_so(tmp_path):
+def test_a_run_the_time_budget_stops_says_so(tmp_path, monkeypatch):
+    import attnlab.training.engine as engine
+
+    def run(out):
+        ticks = iter(range(10**6))  # a clock that moves 0.1 s each time it is read: no real time involved
+        monkeypatch.setattr(engine.time, "perf_counter", lambda: next(ticks) * 0.1)
+        task = ToyTask()
+        return Trainer(task.model(), task, TrainConfig(max_steps=10_000, max_seconds=2.0, progress=False), out).fit()
+
+    result = run(tmp_path / "a")
+    assert result.out_of_time and 0 < result.steps < 40 and result.elapsed >= 2.0
+    assert run(tmp_path / "b").steps == result.steps  # where the budget stops it follows from the clock alone
+    monkeypatch.undo()
     task = ToyTask()
-    result = Trainer(task.model(), task, TrainConfig(max_steps=10_000, max_seconds=0.2, progress=False), tmp_path).fit()
-    assert result.out_of_time and result.steps < 10_000
     full = Trainer(task.model(), task, TrainConfig(max_steps=3, progress=False), tmp_path / "full").fit()
     assert not full.out_of_time and full.steps == 3
 

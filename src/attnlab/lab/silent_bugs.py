@@ -158,7 +158,8 @@ def _broadcast(n: dict) -> str:
     off_wrong = sum(not np.allclose(wrong[i, j], right[j]) for i in range(3) for j in range(3) if i != j)
     refusal = _raised(lambda: masked_softmax(torch.tensor(ids), attend_mask=torch.tensor(keep, dtype=torch.bool)))
     n["broadcast"] = {"shape": list(wrong.shape), "diagonal_rows_correct": diagonal_ok,
-                      "off_diagonal_pairings_wrong": off_wrong, "refusal": refusal}
+                      "off_diagonal_pairings_wrong": off_wrong, "refusal": refusal,
+                      "row_0_0": wrong[0, 0].tolist(), "row_1_0": wrong[1, 0].tolist()}  # the two rows printed
     return (heading("3. A (3, 1, 5) mask added to (3, 5) scores")
             + code(f"{ids.shape} + {keep.shape} -> {wrong.shape}\nrow [0, 0] {np.round(wrong[0, 0], 4).tolist()} "
                    f"(correct)\nrow [1, 0] {np.round(wrong[1, 0], 4).tolist()} (sequence 0's scores, 1's mask)")
