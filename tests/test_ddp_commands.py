@@ -69,5 +69,7 @@ def test_under_torchrun_each_process_names_itself_in_its_error_and_small_batches
     lines = [line for line in done.stderr.splitlines() if "error:" in line]
     message = "--batch-size 1 is smaller than the 2 processes torchrun started"
     assert any(line.startswith("error: " + message) for line in lines), done.stderr[-3000:]
-    assert any(line.startswith("[rank 1] error: " + message) for line in lines)
+    # The other process says it too, unless torchrun stopped it first (it ends the others when one fails)
+    said = any(line.startswith("[rank 1] error: " + message) for line in lines)
+    assert said or "[rank 1] terminated" in done.stderr, done.stderr[-3000:]
     assert not (tmp_path / "run").exists()

@@ -435,9 +435,13 @@ def test_bf16_on_hardware_without_bfloat16_units_gets_a_note(fast, tmp_path, mon
 
     monkeypatch.setattr(engine, "has_fast_bf16", lambda device: fast)
     task = ToyTask()
-    Trainer(task.model(), task, TrainConfig(max_steps=1, bf16=True, device="cpu", progress=False), tmp_path / "run")
+    trainer = Trainer(task.model(), task, TrainConfig(max_steps=1, bf16=True, device="cpu", progress=False),
+                      tmp_path / "run")
+    assert "bfloat16" not in capsys.readouterr().err  # said once, when it trains: a throw-away Trainer says nothing
+    trainer.fit()
     note = "no native bfloat16 arithmetic" in capsys.readouterr().err
     assert note is not fast
-    Trainer(task.model(), task, TrainConfig(max_steps=1, bf16=False, device="cpu", progress=False), tmp_path / "run2")
+    Trainer(task.model(), task, TrainConfig(max_steps=1, bf16=False, device="cpu", progress=False),
+            tmp_path / "run2").fit()
     assert "bfloat16" not in capsys.readouterr().err  # float32 runs say nothing
 

@@ -348,7 +348,9 @@ def time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySetti
     probe.train()
     for i in picked[-1:] * 2 + picked:  # the largest batch first, untimed, twice
         begin = clock()
-        task.loss(trainer.net, to_device(epoch[i].data, device)).backward()  # through DDP under torchrun
+        with trainer.autocast():  # bf16 steps cost what they will cost in the run
+            loss = task.loss(trainer.net, to_device(epoch[i].data, device))  # through DDP under torchrun
+        loss.float().backward()
         nn.utils.clip_grad_norm_(probe.parameters(), settings.grad_clip or math.inf)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -345,9 +345,10 @@ def train_language_model(
         # Under torchrun every process has checked the folder (and would have refused together) before rank 0,
         # alone, writes to it: one that checked after rank 0 had written would find "a run" there.
         main = is_main_process()
+        existed = Path(out).exists()  # read before any process can have made it
         distributed.barrier(distributed.setup(config.device))
-        existed = Path(out).exists()
-        out = ensure_writable_dir(out)  # only now: a setting the model or the data refuse leaves no folder behind
+        # only now: a setting the model or the data refuse leaves no folder behind
+        out = ensure_writable_dir(out) if main else Path(out)
         if main:
             data.tokenizer.save(out / TOKENIZER_FILE)
         run_config = {

@@ -211,8 +211,9 @@ def save_checkpoint(
     """Write ``RUN/checkpoint/`` whole: weights, optimizer moments, RNG states, the trainer's counters and, if
     given, the averaged model (its weights and how many steps it has averaged).
 
-    ``rng_states`` holds each process's :func:`rng_state` in rank order (under DDP the streams part after the
-    first step: each process draws dropout for its own share of the batch); None means this process's alone.
+    ``rng_states`` holds each process's :func:`rng_state` in rank order (under DDP every process starts from the
+    same seed, and the streams part once the shares of a batch differ in size, as each process draws dropout for
+    its own share); None means this process's alone.
     """
     tensors: dict[str, torch.Tensor] = {}
     for rank, generators in enumerate(rng_states or [rng_state()]):

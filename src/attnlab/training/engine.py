@@ -226,9 +226,6 @@ class Trainer:
         if self.place.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
         self.model = model.to(self.place.device)
-        if config.bf16 and self.place.is_main and not has_fast_bf16(self.place.device):
-            print(f"note: this {self.place.device.type.upper()} has no native bfloat16 arithmetic; bf16 autocast "
-                  "will run slower than float32 here", file=sys.stderr)
         # The fused kernel updates each parameter in one pass; on the CPU the foreach path falls back to
         # one op per tensor per update term and costs about three times as much (issue 6's benchmark).
         self.optimizer = torch.optim.AdamW(
@@ -298,8 +295,12 @@ class Trainer:
             raise AttnlabError(f"nothing to resume in {self.out}: no checkpoint/ folder")
         self.state.update(load_checkpoint(self.out, self.model, self.optimizer, averaged=self.averaged,
                                           rank=self.place.rank))
-        saved_world = self.state.get("world", 1)
-        if saved_world != self.place.world and self.place.is_main:
+        saved_world = self.state.get("world")  # None: written before checkpoints recorded it
+        if self.place.is_main and saved_world is None and self.place.distributed:
+            print("note: the checkpoint was written by an older attnlab, which kept the first process's random stream "
+                  "only: the others continue from it, so the run goes on validly but not exactly as the "
+                  "uninterrupted one would have", file=sys.stderr)
+        elif self.place.is_main and saved_world is not None and saved_world != self.place.world:
             print(f"note: the checkpoint was saved by {saved_world} process{'es' if saved_world > 1 else ''}, this run "
                   f"has {self.place.world}: each global batch is split otherwise and the random streams of processes "
                   "past the first start again from the first's, so the run goes on validly but not as the "
@@ -328,7 +329,8 @@ class Trainer:
                 raise AttnlabError("the training data produced no batches")
             self.state["epoch"], self.state["batch_in_epoch"] = epoch + 1, 0
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bfloat16 autocast on this run's device when the run asks for it, else nothing."""
         if not self.config.bf16:
             return contextlib.nullcontext()
         return torch.autocast(self.place.device.type, dtype=torch.bfloat16)
@@ -350,7 +352,7 @@ class Trainer:
             sync = i == len(micro) - 1
             ctx = self.net.no_sync() if self.place.distributed and not sync else contextlib.nullcontext()
             with ctx:
-                with self._autocast():
+                with self.autocast():
                     loss_sum = self.task.loss(self.net, to_device(batch.data, self.place.device))
                 (loss_sum.float() * scale).backward()
             total += float(loss_sum.detach())
@@ -381,7 +383,7 @@ class Trainer:
         stop = False
         if self.place.is_main:
             model = self.eval_model.eval()
-            with torch.no_grad(), self._autocast():
+            with torch.no_grad(), self.autocast():
                 metrics = {k: float(v) for k, v in self.task.evaluate(model).items()}
             if "score" not in metrics:
                 raise AttnlabError("the task's evaluate() must return a 'score'")
@@ -403,6 +405,9 @@ class Trainer:
     def fit(self, resume: bool = False) -> TrainResult:
         """Train until ``max_steps``, the time budget or early stopping; return the summary."""
         cfg = self.config
+        if cfg.bf16 and self.place.is_main and not has_fast_bf16(self.place.device):
+            print(f"note: this {self.place.device.type.upper()} has no native bfloat16 arithmetic; bf16 autocast "
+                  "will run slower than float32 here", file=sys.stderr)
         if resume:
             self.resume()
         elif self.place.is_main:
