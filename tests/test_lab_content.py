@@ -66,7 +66,7 @@ def test_the_model_section_shows_padded_outputs_and_the_two_attention_shapes():
     assert block1.sum(1) == pytest.approx([1.0] * 3, abs=1e-6)
     stack = demo["decoder_stack"]  # the seed's two-layer decoder: "decoded: (1, 3, 4) | weight tensors: 4"
     assert stack["output_shape"] == [1, 3, 4] and len(stack["weight_tensors"]) == 4
-    assert stack["layer2_above_diagonal"] == 0.0 and stack["layer2_on_padded_source"] == 0.0
+    assert stack["above_diagonal"] == 0.0 and stack["on_padded_source"] == 0.0  # every layer and head
 
 
 def test_heatmaps_name_what_their_colours_mean(monkeypatch):

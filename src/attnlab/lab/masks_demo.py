@@ -96,8 +96,8 @@ def _scaling() -> tuple[dict, str]:
     tracks = all(0.85 < r["raw"]["score_variance"] / int(d) < 1.15 for d, r in rows.items())
     widest = rows[str(SCALING_WIDTHS[-1])]
     return numbers, (
-        heading("Why divide by sqrt(d<sub>k</sub>)")
-        + para("A dot product of two vectors whose entries have mean 0 and variance 1 is a sum of d<sub>k</sub>",
+        heading("Why divide by sqrt(d_k)")
+        + para("A dot product of two vectors whose entries are independent, of mean 0 and variance 1, is a sum of d<sub>k</sub>",
                "such products: its variance is d<sub>k</sub>. Measured on", f"{SCALING_QUERIES:,} random queries, each",
                f"against {SCALING_KEYS} random keys (uniform attention would give each key {uniform:g}):")
         + table(["d_k", "score variance, raw", "divided by sqrt(d_k)", "mean largest weight, raw",

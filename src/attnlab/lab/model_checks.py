@@ -86,8 +86,8 @@ def _stack_and_decoder_layer_demo() -> tuple[dict, str]:
                    col_labels=[f"target {j}" for j in range(3)],
                    caption="block 1 (masked self-attention), batch 0, head 0: the look-ahead structure")
     body += check(float(torch.triu(block1, 1).sum()) == 0.0 and float(block1[0, 0]) == 1.0,
-                  "row 0 puts all its weight on position 0 and nothing lies above the diagonal (the seed's numbers "
-                  "below the diagonal come from its Keras weights)")
+                  "row 0 puts all its weight on position 0 and nothing lies above the diagonal, as in the seed (its "
+                  "values below the diagonal come from its Keras weights and are not reproduced here)")
     # Seed 000's stand-alone decoder: two layers over the first sentence's encoder states.
     torch.manual_seed(SEED)
     decoder = Decoder(33, 4, 2, 2, 8, max_positions=6, head_dim=4).eval()
@@ -95,11 +95,12 @@ def _stack_and_decoder_layer_demo() -> tuple[dict, str]:
     with torch.no_grad():
         decoded, weights = decoder(target_ids, states[:1], self_attend_mask=causal_mask(3),
                                    memory_attend_mask=padding_mask(ids[:1]), need_weights=True)
-    self_2, cross_2 = weights["decoder_layer2_block1_self_att"][0, 0], weights["decoder_layer2_block2_decenc_att"][0, 0]
-    above, on_pad = float(torch.triu(self_2, 1).sum()), float(cross_2[:, ids[0] == 0].sum())
+    # every layer and head: the weight above the diagonal, and on the source's padded column
+    above = float(sum(torch.triu(w, 1).sum() for k, w in weights.items() if k.endswith("_self_att")))
+    on_pad = float(sum(w[..., ids[0] == 0].sum() for k, w in weights.items() if k.endswith("_decenc_att")))
     body += code(f"decoder (2 layers) on target {STACK_TARGET[0]} and the first sentence's encoder states:\n"
                  f"decoded: {tuple(decoded.shape)} | weight tensors: {len(weights)} ({', '.join(weights)})\n"
-                 f"layer 2 head 0: weight above the diagonal {above}; weight on the padded source column {on_pad}")
+                 f"all layers and heads: weight above the diagonal {above}; weight on the padded source column {on_pad}")
     body += check(len(weights) == 4 and above == 0.0 and on_pad == 0.0,
                   "two weight tensors per layer, as the seed counts; after the stack the self-attention is still "
                   "triangular and the cross-attention leaves the source padding at exactly 0")
@@ -107,7 +108,7 @@ def _stack_and_decoder_layer_demo() -> tuple[dict, str]:
                "decoder_self_attention_shape": list(self_w.shape),
                "decoder_cross_attention_shape": list(cross_w.shape), "block1_head0": block1.tolist(),
                "decoder_stack": {"output_shape": list(decoded.shape), "weight_tensors": sorted(weights),
-                                 "layer2_above_diagonal": above, "layer2_on_padded_source": on_pad}}
+                                 "above_diagonal": above, "on_padded_source": on_pad}}
     return numbers, body
 
 
