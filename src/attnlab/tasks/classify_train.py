@@ -368,8 +368,8 @@ def time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySetti
         task.evaluate(probe)
         eval_seconds = clock() - begin
     torch.set_rng_state(rng)
-    slowest = max(distributed.all_gather(train_seconds, place))
-    return slowest + distributed.all_gather(eval_seconds, place)[0]
+    timings = distributed.all_gather((train_seconds, eval_seconds), place)  # (train, eval) of every process
+    return max(train for train, _ in timings) + timings[0][1]
 
 
 def train_classifier(
@@ -468,9 +468,7 @@ def train_classifier(
         note(f"schedule: {epochs} epochs of {per_epoch} steps fit in {settings.max_seconds:g} s "
              f"(about {epoch_seconds:.1f} s an epoch, measured)")
     config = settings.train_config(planned, per_epoch, progress and main)
-    # Under torchrun every process has checked the folder (and would have refused together) before rank 0, alone,
-    # writes to it: one that checked after rank 0 had written would find "a run" there.
-    distributed.barrier(distributed.setup(config.device))
+    distributed.checked_by_all(config.device)
     existed = Path(out).exists()
     if saved is None and main:
         ensure_writable_dir(out)

@@ -342,11 +342,9 @@ def train_language_model(
         if is_main_process():  # once the text and the settings have been accepted
             for note in _notes(settings, data, requested or {}):
                 print(f"note: {note}", file=sys.stderr)
-        # Under torchrun every process has checked the folder (and would have refused together) before rank 0,
-        # alone, writes to it: one that checked after rank 0 had written would find "a run" there.
         main = is_main_process()
         existed = Path(out).exists()  # read before any process can have made it
-        distributed.barrier(distributed.setup(config.device))
+        distributed.checked_by_all(config.device)
         # only now: a setting the model or the data refuse leaves no folder behind
         out = ensure_writable_dir(out) if main else Path(out)
         if main:

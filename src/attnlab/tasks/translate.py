@@ -395,9 +395,7 @@ def train_translation(
     else:
         model = build_model((src_tok.vocab_size, tgt_tok.vocab_size), model_kwargs, share_embeddings=share_embeddings,
                             tie_output=tie_output, look_ahead_mask=settings.look_ahead_mask)
-        # Every process has checked the folder (and would have refused together) before rank 0, alone, writes
-        # to it: one that checked after rank 0 had written would find "a run" there.
-        distributed.barrier(distributed.setup(config.device))
+        distributed.checked_by_all(config.device)
         if main:
             out.mkdir(parents=True, exist_ok=True)
             save_tokenizers(out, src_tok, tgt_tok, settings)

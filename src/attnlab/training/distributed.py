@@ -87,6 +87,17 @@ def broadcast_flag(flag: bool, place: Place) -> bool:
     return bool(t.item())
 
 
+def checked_by_all(device: str = "auto") -> Place:
+    """Join the process group and wait until every process has checked its inputs (the run folder above all).
+
+    A task calls it between its checks and its first write, which rank 0 alone makes: a process that checked
+    after rank 0 had written would find "a run" there, and one refusal is every process's refusal.
+    """
+    place = setup(device)
+    barrier(place)
+    return place
+
+
 def all_gather(obj: object, place: Place) -> list:
     """Every process's ``obj`` (picklable), in rank order, on every process."""
     if not place.distributed:
