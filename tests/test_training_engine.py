@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from attnlab.errors import AttnlabError
 from attnlab.nn import DecoderLM
@@ -200,6 +200,13 @@ def test_corrupt_weights_and_missing_checkpoint_are_clear_errors(tmp_path):
     with pytest.raises(AttnlabError, match="no checkpoint"):
         load_checkpoint(tmp_path, model, torch.optim.AdamW(model.parameters()))
 
+
+def test_a_checkpoint_without_its_random_state_is_named_damaged(tmp_path):
+    train(tmp_path / "run", steps=4)
+    path = tmp_path / "run/checkpoint/optimizer.safetensors"
+    save_file({k: v for k, v in load_file(str(path)).items() if not k.startswith("rng.")}, str(path))
+    with pytest.raises(AttnlabError, match="damaged: it holds no random generator state"):
+        train(tmp_path / "run", steps=8, resume=True)
 
 def test_checkpoint_round_trip_restores_optimizer_and_rng(tmp_path):
     model = ToyTask().model()

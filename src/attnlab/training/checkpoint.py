@@ -271,6 +271,8 @@ def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.opti
     except (SafetensorError, OSError, json.JSONDecodeError) as err:
         raise AttnlabError(f"checkpoint in {folder} is damaged: {err}") from err
     rng = {name: tensors.pop(name) for name in [n for n in tensors if n.startswith("rng.")]}
+    if "rng.torch" not in rng:
+        raise AttnlabError(f"checkpoint in {folder} is damaged: it holds no random generator state")
     torch.set_rng_state(rng.get(_rng_key("torch", rank), rng["rng.torch"]))
     cuda = rng.get(_rng_key("cuda", rank), rng.get("rng.cuda"))
     if cuda is not None and torch.cuda.is_available():
