@@ -65,6 +65,22 @@ def test_greedy_generation_continues_the_text(run):
     assert "60 tokens in" in result.stderr and "KV cache" in result.stderr
 
 
+def test_generation_stops_at_the_first_stop_text_it_writes(run):
+    folder, _ = run
+    args = ("generate", folder, "--prompt", "the quick brown ", "--max-new-tokens", 60, "--greedy")
+    result = invoke(*args, "--stop", "lazy", "--stop", "over")  # "over" comes first in the greedy text
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "the quick brown fox jumps over\n"
+    assert "14 tokens in" in result.stderr and "stopped at 'over'" in result.stderr
+    # Only the generated text counts: a stop text already in the prompt does not end the sample at once.
+    inside = invoke(*args, "--stop", "quick")
+    assert inside.stdout == "the quick brown fox jumps over the lazy dog.\nthe quick\n"
+    never = invoke(*args, "--stop", "zebra")
+    assert never.stdout == invoke(*args).stdout and "stopped" not in never.stderr
+    empty = invoke(*args, "--stop", "")
+    assert empty.exit_code == 2 and empty.stderr == "error: --stop is empty: give the text to stop at\n"
+
+
 def test_several_samples_are_separated_and_sample_i_uses_seed_s_plus_i(run):
     folder, _ = run
     args = ("generate", folder, "--prompt", "the ", "--max-new-tokens", 30)

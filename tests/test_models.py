@@ -280,10 +280,21 @@ def test_tied_and_shared_embeddings():
     (lambda: EncoderClassifier(20, 3, 8, 1, 2, 16, pad_id=-1), "got -1"),
     # The head count that does not divide the width is the problem, not the odd head width it would give.
     (lambda: DecoderLM(20, 10, 1, 3, positions="rotary"), "d_model=10 is not divisible by num_heads=3"),
+    # An empty feed-forward would add nothing to the residual stream, silently.
+    (lambda: DecoderLM(20, 8, 1, 2, d_ff=0), "d_ff must be a whole number >= 1, got 0"),
+    (lambda: Transformer(20, 22, 8, 1, 2, 16.0), "d_ff must be a whole number >= 1, got 16.0"),
 ])
 def test_models_that_cannot_be_built_as_asked_are_refused(make, message):
     with pytest.raises(AttnlabError, match=message):
         make()
+
+
+def test_an_empty_source_is_refused_instead_of_decoded_against_nothing():
+    model = Transformer(20, 22, 8, 1, 2, 16).eval()
+    with pytest.raises(AttnlabError, match="the source is empty"):
+        model(torch.zeros(2, 0, dtype=torch.long), torch.ones(2, 3, dtype=torch.long))
+    with pytest.raises(AttnlabError, match="the source is empty"):
+        model.encode(torch.zeros(1, 0, dtype=torch.long))
 
 
 def test_num_decoder_layers_is_taken_as_given():

@@ -11,3 +11,14 @@ from __future__ import annotations
 
 class AttnlabError(ValueError):
     """Bad input, described in one line that names the problem."""
+
+
+def check_count(name: str, value: object, minimum: int = 1) -> int:
+    """Return ``value`` if it is a Python ``int`` >= ``minimum``, else raise :class:`AttnlabError`.
+
+    ``True`` is refused although it is an ``int`` (a flag passed where a size belongs), and so are numpy's
+    integers: a model's constructor arguments are its JSON config, which cannot hold them.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise AttnlabError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import click
@@ -28,14 +29,16 @@ from attnlab.training.checkpoint import load_run
 @click.option("--seed", type=SEED, default=None, help="Seed of the sampling; the same seed gives the same text.")
 @click.option("--num-samples", type=click.IntRange(min=1), default=1, show_default=True,
               help="Samples to write, one after another with a separator line; sample i uses seed S + i.")
+@click.option("--stop", "stops", multiple=True, metavar="TEXT",
+              help="Stop a sample once its generated text contains TEXT (printed with it; may be repeated).")
 @click.option("--greedy", is_flag=True, help="Always take the most likely token (ignores temperature, top-k, top-p).")
 @click.option("--no-cache", is_flag=True, help="Recompute the whole window every step instead of using the KV cache.")
 @click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,
               help="torch threads (0: one per core). A cached step computes one position, too little to share: "
                    "one thread was 10-15% faster than two on 2 cores.")
 def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None,
-                 top_p: float | None, seed: int | None, num_samples: int, greedy: bool, no_cache: bool,
-                 threads: int) -> None:
+                 top_p: float | None, seed: int | None, num_samples: int, stops: tuple[str, ...], greedy: bool,
+                 no_cache: bool, threads: int) -> None:
     """Continue PROMPT with the language model in RUN (a folder written by `attnlab train lm`).
 
     The prompt is printed, then each token as soon as it is chosen; a line on stderr gives the rate.
@@ -45,6 +48,8 @@ def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float
         raise AttnlabError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     if not prompt:
         raise AttnlabError("--prompt is empty: give at least one character to continue")
+    if "" in stops:
+        raise AttnlabError("--stop is empty: give the text to stop at")
     if not greedy:
         check_sampling(temperature, top_k, top_p)
     with torch_threads(threads):
@@ -61,17 +66,38 @@ def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float
             if sample:
                 click.echo(SEPARATOR)
             _generate(model, tokenizer, prompt, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                      top_p=top_p, seed=None if seed is None else seed + sample, greedy=greedy, use_cache=not no_cache)
+                      top_p=top_p, seed=None if seed is None else seed + sample, greedy=greedy, use_cache=not no_cache,
+                      stops=stops)
 
 
 #: Printed between two samples (nanoGPT's sample.py writes the same line).
 SEPARATOR = "---------------"
 
 
+def _pieces(tokenizer: Tokenizer, prompt_ids: list[int], tokens: Iterable[int]) -> Iterator[str]:
+    """The text each new token adds to the prompt, token by token."""
+    if isinstance(tokenizer, CharTokenizer):
+        for token in tokens:  # one character per token: decode it alone
+            yield tokenizer.decode([token])
+        return
+    # Subword pieces carry their spaces as markers that only decode right in context: decode the whole text
+    # each time and give what is new.
+    base = tokenizer.decode(prompt_ids)
+    generated: list[int] = []
+    given = 0
+    for token in tokens:
+        generated.append(token)
+        text = tokenizer.decode(prompt_ids + generated)
+        new = text[len(base):] if text.startswith(base) else tokenizer.decode(generated)
+        yield new[given:]
+        given = len(new)
+
+
 def _generate(model: DecoderLM, tokenizer: Tokenizer, prompt: str, prompt_ids: list[int], max_new_tokens: int, *,
               temperature: float, top_k: int | None, top_p: float | None, seed: int | None, greedy: bool,
-              use_cache: bool) -> None:
-    """Write the prompt and then each new token as it comes; the rate goes to stderr."""
+              use_cache: bool, stops: tuple[str, ...] = ()) -> None:
+    """Write the prompt and then each new token as it comes, until ``max_new_tokens`` or a stop text; the rate
+    goes to stderr."""
     started = time.perf_counter()
     # Called before the prompt is printed: it refuses bad arguments when called, so a refusal prints nothing.
     tokens = generate(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -79,26 +105,19 @@ def _generate(model: DecoderLM, tokenizer: Tokenizer, prompt: str, prompt_ids: l
     out = sys.stdout
     out.write(prompt)
     out.flush()
-    count = 0
-    if isinstance(tokenizer, CharTokenizer):
-        for token in tokens:  # one character per token: decode it alone
-            out.write(tokenizer.decode([token]))
-            out.flush()
-            count += 1
-    else:
-        # Subword pieces carry their spaces as markers that only decode right in context: decode the whole
-        # text each time and print what is new.
-        base = tokenizer.decode(prompt_ids)
-        generated: list[int] = []
-        printed = 0
-        for token in tokens:
-            generated.append(token)
-            text = tokenizer.decode(prompt_ids + generated)
-            new = text[len(base):] if text.startswith(base) else tokenizer.decode(generated)
-            out.write(new[printed:])
-            out.flush()
-            printed, count = len(new), count + 1
+    count, written, stopped = 0, "", None
+    for piece in _pieces(tokenizer, prompt_ids, tokens):
+        out.write(piece)
+        out.flush()
+        count += 1
+        if stops:
+            written += piece
+            # A stop text that has just appeared ends within this piece: look no further back than that.
+            stopped = next((stop for stop in stops if stop in written[-(len(piece) + len(stop) - 1):]), None)
+            if stopped is not None:
+                break  # leaving the loop ends the generator: no token is computed past the stop
     out.write("\n")
     seconds = time.perf_counter() - started
     mode = "KV cache" if use_cache else "no cache"
-    click.echo(f"{count} tokens in {seconds:.2f} s ({count / max(seconds, 1e-9):,.0f} tokens/s, {mode})", err=True)
+    why = f", stopped at {stopped!r}" if stopped is not None else ""
+    click.echo(f"{count} tokens in {seconds:.2f} s ({count / max(seconds, 1e-9):,.0f} tokens/s, {mode}{why})", err=True)

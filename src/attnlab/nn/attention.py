@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, check_count
 from attnlab.nn.masks import check_attend_mask
 from attnlab.nn.positions import RotaryEmbedding
 
@@ -146,13 +146,10 @@ def _check_states(name: str, t: Tensor, positions: str, d_model: int) -> None:
 
 def head_width(d_model: int, num_heads: int, head_dim: int | None = None) -> int:
     """The width of one head: ``head_dim`` if given, else ``d_model // num_heads``, which must divide evenly."""
-    for name, value in (("d_model", d_model), ("num_heads", num_heads), ("head_dim", head_dim)):
-        if value is None and name == "head_dim":
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise AttnlabError(f"{name} must be a whole number >= 1, got {value!r}")
+    check_count("d_model", d_model)
+    check_count("num_heads", num_heads)
     if head_dim is not None:
-        return head_dim
+        return check_count("head_dim", head_dim)
     if d_model % num_heads:
         raise AttnlabError(f"d_model={d_model} is not divisible by num_heads={num_heads}; "
                            "choose another head count or pass head_dim explicitly")

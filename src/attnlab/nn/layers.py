@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, check_count
 from attnlab.nn.attention import KVCache, MultiHeadAttention, check_attention_inputs
 from attnlab.nn.positions import RotaryEmbedding
 
@@ -33,6 +33,7 @@ class FeedForward(nn.Module):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise AttnlabError(f"unknown activation {activation!r}; use {' or '.join(ACTIVATIONS)}")
+        check_count("d_ff", d_ff)  # 0 would build empty matrices and silently add nothing to the residual
         self.up = nn.Linear(d_model, d_ff, bias=bias)
         self.activation = ACTIVATIONS[activation]()
         self.down = nn.Linear(d_ff, d_model, bias=bias)

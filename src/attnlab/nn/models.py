@@ -111,6 +111,10 @@ class Transformer(_Model):
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """(batch, src) ids -> memory (batch, src, d_model) and its attend mask (batch, 1, 1, src)."""
+        check_id_batch(src)
+        if src.shape[1] == 0:  # cross-attention would have no key: every target would read a zero context
+            raise AttnlabError("the source is empty (batch, 0): the decoder's cross-attention needs at least one "
+                               "source position")
         memory_mask = padding_mask(src, self.pad_id)
         memory, _ = self.encoder(src, attend_mask=memory_mask)
         return memory, memory_mask

@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, check_count
 from attnlab.nn.attention import KVCache, head_width
 from attnlab.nn.layers import DecoderLayer, EncoderLayer
 from attnlab.nn.positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions, embedding_scale
@@ -144,8 +144,7 @@ class _Stack(nn.Module):
         layer = dict(dropout=dropout, head_dim=head_dim, norm_first=norm_first, eps=eps, activation=activation,
                      bias=bias)
         # 0 is allowed: the embeddings alone (the bag-of-words baseline, an ablation).
-        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0:
-            raise AttnlabError(f"num_layers must be a whole number >= 0, got {num_layers!r}")
+        check_count("num_layers", num_layers, minimum=0)
         if positions == "rotary":  # rotary positions live inside self-attention, one table shared by the layers
             layer["rotary"] = RotaryEmbedding(head_width(d_model, num_heads, head_dim), max_positions)
         self.layers = nn.ModuleList(self.layer_class(d_model, num_heads, d_ff, **layer) for _ in range(num_layers))
