@@ -208,6 +208,19 @@ def test_text_classifier_shapes_mask_and_padding_invariance(kw):
     torch.testing.assert_close(model.vote(heads), logits)
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_the_last_head_reads_the_encoder_output_pooled_reads(norm_first):
+    torch.manual_seed(0)
+    model = TextClassifier(20, 3, 16, 2, 2, 32, dropout=0.0, norm_first=norm_first, layer_heads=False).eval()
+    with torch.no_grad():
+        model.encoder.final_norm.weight.fill_(2.0) if norm_first else None  # a trained final norm is no identity
+    ids = pad_batch([[5, 6, 7], [8, 9]])
+    torch.testing.assert_close(model(ids), model.out(model.pooled(ids)))
+    model.train()
+    model(ids).sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)  # DDP needs every one used
+
+
 def test_wide_head_is_tfidf_weighted_and_votes_half():
     model = _model(wide=True)
     # ids 9.. were never seen in training (trained_words=9): no word feature, only their n-grams.

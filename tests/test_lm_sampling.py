@@ -68,6 +68,16 @@ def test_seed_reproduces_the_draws_and_another_seed_changes_them():
     assert draws(7) != draws(8)
 
 
+@pytest.mark.parametrize("temperature", [1e-3, 1e-38, 1e-45, 1e-300])
+def test_a_tiny_temperature_approaches_the_arg_max_instead_of_failing(temperature):
+    logits = random_logits(rows=3, vocab=40) * 30  # wide logits: dividing them by 1e-38 overflows float32
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(next_token(logits, temperature=temperature, generator=g), logits.argmax(-1))
+    tied = torch.tensor([[5.0, 5.0, -1.0]])  # in the limit, tied maxima share the probability
+    drawn = {int(next_token(tied, temperature=temperature, generator=g)) for _ in range(40)}
+    assert drawn == {0, 1}
+
+
 def test_bad_sampling_settings_are_errors():
     logits = random_logits()
     for kwargs in ({"temperature": 0.0}, {"temperature": -1.0}, {"temperature": math.nan}, {"top_k": 0},

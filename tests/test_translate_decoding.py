@@ -49,6 +49,16 @@ def test_beam_size_one_is_greedy_search():
         assert beam_search(m, src, beam_size=1) == greedy_search(m, src)
 
 
+def test_a_beam_wider_than_the_tokens_that_can_extend_a_hypothesis_is_refused():
+    torch.manual_seed(0)
+    tiny = Transformer(6, 6, d_model=16, num_layers=1, num_heads=2, d_ff=32, dropout=0.0).eval()  # 3 special ids
+    src = torch.tensor([[4, 5, EOS_ID]])
+    for use_cache in (True, False):
+        assert len(beam_search(tiny, src, beam_size=3, use_cache=use_cache)) == 1  # <unk>, 4 and 5: enough
+        with pytest.raises(AttnlabError, match="beam size 4 is larger than the 3 tokens that can extend"):
+            beam_search(tiny, src, beam_size=4, use_cache=use_cache)  # would keep a <pad> or <bos> beam alive
+
+
 def test_decoding_does_not_depend_on_batch_padding():
     """Each sentence alone, unpadded, decodes exactly as inside the padded batch.
 

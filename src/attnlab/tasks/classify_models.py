@@ -222,6 +222,8 @@ class TextClassifier(EncoderClassifier):
         for layer in self.encoder.layers:
             x, _ = layer(x, attend_mask=attend_mask)
             outputs.append(x)
+        # The stack's own final norm (pre-norm only; an identity otherwise), as the encoder applies it in pooled().
+        outputs[-1] = self.encoder.final_norm(x)
         norms, heads = [*self.early_norms, self.norm], [*self.early_heads, self.out]
         outputs = outputs[len(outputs) - len(heads):]
         logits = [head(masked_mean(norm(h), keep.to(h.dtype))) for head, norm, h in zip(heads, norms, outputs)]

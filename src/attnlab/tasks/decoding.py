@@ -157,6 +157,10 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, length_p
     where the live hypotheses are finished as they stand. With ``beam_size=1`` this is greedy search.
     """
     k = beam_size
+    extensions = model.output.out_features - 3  # every id but <pad>, <bos> (ruled out) and <eos> (finishes)
+    if k > extensions:  # the first step would keep -inf candidates (<pad>, <bos>) as live beams
+        raise AttnlabError(f"beam size {k} is larger than the {extensions} tokens that can extend a hypothesis "
+                           f"(a vocabulary of {model.output.out_features} ids, 3 of them special); use a smaller beam")
     memory, memory_mask = model.encode(src)
     limit = max_lengths(src, model, max_len_a, max_len_b)
     caches = model.new_caches() if use_cache else None

@@ -77,7 +77,12 @@ def next_token(
     if greedy:
         return logits.argmax(dim=-1)
     check_sampling(temperature, top_k, top_p)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    # Shift each row's largest logit to 0 before dividing: a tiny temperature then drives the others to -inf
+    # (the arg-max limit, ties shared) instead of overflowing to inf or dividing 0 by a temperature that
+    # rounds to 0 in float32, both of which end in NaN probabilities.
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    logits = torch.where(shifted == 0, shifted, shifted / temperature)
     if top_k is not None:
         logits = top_k_filter(logits, top_k)
     if top_p is not None and top_p < 1.0:
