@@ -300,6 +300,26 @@ def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_run_behind(tmp_p
     assert inf.exit_code == 2 and "finite" in inf.stderr and not (tmp_path / "inf").exists()
 
 
+def test_a_finished_run_can_be_lengthened_on_resume_and_says_its_schedule_changed(tmp_path, run):
+    import shutil
+
+    longer = tmp_path / "longer"
+    shutil.copytree(run[0], longer)
+    args = ("train", "lm", "--text", run[0].parent / "fox.txt", "--out", longer, "--resume", "--no-progress")
+    result = invoke(*args, "--steps", "100")
+    assert result.exit_code == 0, result.output
+    # cosine from 1e-2 to 1e-3 over 80 steps is at its end at step 80; over 100 steps it is not yet
+    assert ("resume: the run now ends at step 100 instead of 80; its learning-rate schedule is re-planned over 100 "
+            "steps (at step 80: 0.001 -> 0.00186)") in result.stderr
+    assert "ignored" not in result.stderr
+    assert json.loads((longer / "result.json").read_text())["steps"] == 100
+    assert json.loads((longer / "config.json").read_text())["lm"]["steps"] == 100
+    steps = [json.loads(line)["step"] for line in (longer / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 100 and steps == sorted(steps)
+    again = invoke(*args)
+    assert again.exit_code == 2 and "has finished its 100 steps" in again.stderr
+
+
 def test_a_time_budget_can_be_raised_on_resume_and_an_ended_run_says_why_it_cannot_resume(tmp_path, run):
     import shutil
 

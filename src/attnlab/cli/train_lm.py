@@ -59,7 +59,7 @@ def _steps(report: LMReport) -> str:
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Windows per micro-batch.")
 @click.option("--grad-accum", type=click.IntRange(min=1), default=None,
               help="Micro-batches per optimizer step (a batch of batch-size x grad-accum windows). [preset: 1]")
-@click.option("--steps", type=click.IntRange(min=1), default=None, help="Optimizer steps.")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Optimizer steps; may be changed on --resume (the schedule is re-planned).")
 @click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None, help="Peak learning rate.")
 @click.option("--min-lr", type=FiniteFloat(min=0), default=None, help="End of the cosine decay.")
 @click.option("--warmup", type=click.IntRange(min=0), default=None, help="Linear warmup steps.")

@@ -59,6 +59,7 @@ from attnlab.training.checkpoint import (
 )
 from attnlab.training.distributed import is_main_process
 from attnlab.training.engine import METRICS_FILE, config_dict, train_or_forget
+from attnlab.training.schedules import Schedule
 
 
 @dataclass(frozen=True)
@@ -230,8 +231,20 @@ def build_lm(settings: LMSettings, vocab_size: int, model_class: type[DecoderLM]
     return model_class(**settings.model_kwargs(vocab_size))
 
 
-#: The settings a ``--resume`` may change (the others are the run's own: its steps must repeat).
-RESUME_MAY_CHANGE = ("max_seconds", "checkpoint_every")
+#: The settings a ``--resume`` may change (the others are the run's own: its steps must repeat). A new
+#: number of steps lengthens (or shortens) the run, its schedule re-planned, and is said aloud.
+RESUME_MAY_CHANGE = ("max_seconds", "checkpoint_every", "steps")
+
+
+def _steps_changed(before: LMSettings, after: LMSettings, step: int) -> str:
+    """The line a resume prints when it is given another number of steps than the run had."""
+    def lr(settings: LMSettings) -> float:
+        config = settings.train_config(progress=False)
+        return Schedule(config.schedule, config.lr, config.warmup_steps, config.max_steps, config.min_lr)(step)
+
+    return (f"resume: the run now ends at step {after.steps} instead of {before.steps}; its learning-rate schedule is "
+            f"re-planned over {after.steps} steps (at step {step}: {lr(before):.3g} -> {lr(after):.3g}), so it is "
+            f"not the run a fresh --steps {after.steps} would make")
 
 
 def _notes(settings: LMSettings, data: LMData, requested: dict[str, Any]) -> list[str]:
@@ -307,7 +320,8 @@ def train_language_model(
         settings = LMSettings(**{"bias": True, **saved, "betas": tuple(saved["betas"])})
         # The time budget and the checkpoint interval may change: they decide where the run stops and what it
         # saves on the way, not what any of its steps compute.
-        settings = replace(settings, **{k: v for k, v in (requested or {}).items() if k in RESUME_MAY_CHANGE})
+        before, settings = settings, replace(
+            settings, **{k: v for k, v in (requested or {}).items() if k in RESUME_MAY_CHANGE})
         ignored = ignored_on_resume(requested or {}, asdict(settings))
         if ignored and is_main_process():
             print(ignored, file=sys.stderr)
@@ -316,6 +330,8 @@ def train_language_model(
             raise AttnlabError(f"{text} is not the text this run started with ({run_config['data']['text']}); "
                                "resume needs the same text")
         _refuse_finished(Path(out), settings)
+        if settings.steps != before.steps and has_checkpoint(out) and is_main_process():
+            print(_steps_changed(before, settings, checkpoint_progress(out)[0]), file=sys.stderr)
         if not has_checkpoint(out):
             # Killed before its first checkpoint: start again from step 0 with the saved settings, which is
             # exactly what the uninterrupted run did (as the classifier does).
