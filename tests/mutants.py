@@ -35,6 +35,9 @@ TINY_BUGS = (
     "dropout_in_eval",        # F.dropout(training=True): random at eval (seed 000)
     "batch_stats",            # normalisation with statistics over the batch, at eval too
     "pool_includes_padding",  # mean pooling over every position, padding included
+    "causal_at_eval_only",    # look-ahead mask under `if not self.training`: training reads the future
+    "unmasked_batch_of_one",  # look-ahead mask built for batches only: a batch of one (generation) reads ahead
+    "leak_past_short",        # one long-range leak: position 11 also reads position 12
 )
 
 #: Bugs of :class:`TinySeq2Seq`.
@@ -127,7 +130,10 @@ def key_mask(ids: Tensor, bug: str | None) -> Tensor:
 def look_ahead(length: int, bug: str | None) -> Tensor:
     """(1, 1, S, S) bool lower triangle; the off-by-one bugs drop the diagonal or keep the one above it."""
     diagonal = -1 if bug in ("diag_excluded", "diag_excluded_1e9") else 1 if bug == "sees_next" else 0
-    return torch.ones(length, length, dtype=torch.bool).tril(diagonal)[None, None]
+    mask = torch.ones(length, length, dtype=torch.bool).tril(diagonal)
+    if bug == "leak_past_short" and length > 12:
+        mask[11, 12] = True
+    return mask[None, None]
 
 
 class Tiny(nn.Module):
@@ -170,7 +176,9 @@ class Tiny(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:
         x = self.embed(ids)
         mask = key_mask(ids, self.bug)
-        if self.causal:
+        skip_look_ahead = (self.bug == "causal_at_eval_only" and self.training) or (
+            self.bug == "unmasked_batch_of_one" and ids.shape[0] == 1)
+        if self.causal and not skip_look_ahead:
             mask = mask & look_ahead(ids.shape[1], self.bug)
         x = self.block(x, mask)
         return self.head(self._pool(x, ids != PAD) if self.pool else x)

@@ -723,6 +723,24 @@ def test_a_model_of_another_kind_is_told_to_check_its_kind():
     assert result.status == "fail" and "TypeError" in result.summary and "--kind" not in result.summary
 
 
+def test_a_causal_model_whose_outputs_do_not_follow_the_length_fails_causal_instead_of_skipping():
+    pooled = Tiny(causal=True, pool="mean")  # one output per sequence: nothing to compare position by position
+
+    class FixedLength(nn.Module):  # a decoder that pads every batch to 16 positions and reads ahead
+        def __init__(self):
+            super().__init__()
+            self.inner = Tiny()  # an encoder: every position reads every other one
+
+        def forward(self, ids):
+            return self.inner(torch.cat((ids, ids.new_zeros(ids.shape[0], 16 - ids.shape[1])), dim=1))
+
+    for model, shapes in ((pooled, "(2, 4) and (2, 4)"), (FixedLength(), "(2, 16, 32) and (2, 16, 32)")):
+        result = run_checks(model, Contract("decoder"), seeds=1, only=["causal"]).results[0]
+        assert result.status == "fail" and "the outputs do not follow the input's length" in result.summary
+        assert f"gave outputs of shape {shapes}" in result.summary
+    assert run_checks(pooled, Contract("encoder"), seeds=1, only=["causal"]).results[0].status == "skip"
+
+
 def test_a_long_failing_row_is_shortened_in_the_summary_and_kept_whole_in_the_evidence():
     torch.manual_seed(0)
     lm = DecoderLM(32, 16, 1, 2, max_positions=300, pad_id=None).eval()

@@ -27,6 +27,9 @@ MUTANTS = [
     ("no_positions", "encoder", "order-sensitivity"),        # seeds 000 and 004
     ("no_positions", "decoder", "order-sensitivity"),
     ("causal_dropped", "decoder", "causal"),                 # seed 000, change 2
+    ("causal_at_eval_only", "decoder", "causal"),            # seen by the train-mode trial only
+    ("unmasked_batch_of_one", "decoder", "causal"),          # seen by the batch-of-one trial only
+    ("leak_past_short", "decoder", "causal"),                # seen by the longest rows' cuts only
     ("dropout_in_eval", "encoder", "mode"),                  # seed 000
     ("batch_stats", "encoder", "batch-independence"),
     ("pool_includes_padding", "encoder:mean-pooled", "padding-content"),

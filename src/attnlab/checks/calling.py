@@ -88,7 +88,22 @@ class ModelUnderTest:
         self.seed: int | None = None
         #: Let torch take its inference fast path (off: the path training takes); see :meth:`with_fast_path`.
         self.fast_path = False
+        #: When set, each call starts torch's random streams from this seed (:meth:`with_random_seed`).
+        self.random_seed: int | None = None
         self._per_position: bool | None = None
+        #: The output shapes the layout was decided from, for a report that needs them.
+        self.layout_shapes: list[tuple[int, ...]] = []
+
+    @contextmanager
+    def with_random_seed(self, seed: int) -> Iterator[None]:
+        """Calls inside start torch's random streams (CPU, and the model's GPU) from ``seed``, and leave the
+        caller's streams as they were: in train mode two calls on inputs of one shape then draw the same
+        dropout masks, so their outputs can be compared."""
+        before, self.random_seed = self.random_seed, seed
+        try:
+            yield
+        finally:
+            self.random_seed = before
 
     @contextmanager
     def with_fast_path(self) -> Iterator[None]:
@@ -105,7 +120,7 @@ class ModelUnderTest:
         if seq2seq != (tgt is not None):
             raise ValueError("seq2seq models take (src, tgt); other kinds take ids only")
         self.last_input = {"src": ids.tolist(), "tgt": tgt.tolist()} if tgt is not None else {"ids": ids.tolist()}
-        with torch.no_grad(), _fast_path(self.fast_path):
+        with torch.no_grad(), _fast_path(self.fast_path), self._random_streams():
             ids_on = ids.to(self.device)
             try:
                 raw = self.model(ids_on, tgt.to(self.device)) if tgt is not None else self.model(ids_on)
@@ -118,6 +133,15 @@ class ModelUnderTest:
             rows = f"{ids.shape[0]} row{'s' if ids.shape[0] != 1 else ''}"
             raise OutputError(f"the output has shape {tuple(out.shape)}, but the batch has {rows}")
         return out.detach().cpu()
+
+    @contextmanager
+    def _random_streams(self) -> Iterator[None]:
+        if self.random_seed is None:
+            yield
+            return
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(self.random_seed)
+            yield
 
     def input_summary(self) -> str:
         """The latest input in words, e.g. ``ids of shape (2, 100) with row lengths 57, 100``; lengths
@@ -152,6 +176,7 @@ class ModelUnderTest:
             for length in (2, 3):
                 ids = torch.full((2, length), 1 if self.contract.pad_id != 1 else 2, dtype=torch.long)
                 out = self(ids, ids) if self.contract.kind == "seq2seq" else self(ids)
+                self.layout_shapes.append(tuple(out.shape))
                 follows.append(out.dim() >= 2 and out.shape[1] == length)
             self._per_position = all(follows)
         return self._per_position

@@ -5,12 +5,24 @@ dropped (seed 000, change 2: passed positionally into the wrong parameter), mult
 instead of added, or an off-by-one that leaves a query row fully hidden (a ``-1e9`` fill then makes it
 attend to everything). Runs on decoders and on the target side of seq2seq models.
 
-Inputs per seed: a batch of ``T - 1`` unpadded rows of width ``T`` (2..8); row ``r`` is changed at every
-position after ``r`` and its outputs at positions ``0..r`` are compared, so each seed tests every cut,
-the cut after position 0 included. With the first seed, when the contract allows longer rows, also three
-rows of the longest length, cut before the last position and at two random places: a mask that is built only for
-short inputs (or a cache or window that takes over past some length) must not pass. A comparison with a
-non-finite output decides nothing and is left out; with none left the check skips (see finite-outputs).
+Inputs per seed, each row changed at every position after its cut and compared on the positions up to it:
+
+* a batch of ``T - 1`` unpadded rows of width ``T`` (2..8), row ``r`` cut after ``r``: every cut of a short
+  row, the cut after position 0 included;
+* one row alone (a batch of one), cut at random: a mask built for batches only must not pass;
+* when the contract allows rows longer than 8, rows of the longest length: with the first seed every cut
+  (the longest length at most :data:`ALL_CUTS_UP_TO`, else a random :data:`LONG_CUTS` of them), with the
+  others the cut before the last position, the cuts around position 8 and random ones: a mask built
+  only for short inputs, or a cache or window that takes over past some length, must not pass;
+* the short rows again in **train mode**, both calls starting torch's random streams from one seed, so
+  that dropout draws the same masks: a branch taken only in training (dropout on, the causal mask
+  forgotten there) must not pass. Skipped for a plain function, and for a model whose train mode is not
+  repeatable from torch's seed (it draws from another generator).
+
+A decoder whose outputs do not follow the input's length (one per sequence, or a fixed number of
+positions) leaves nothing to compare position by position: that fails, since it cannot be checked, rather than
+passing unseen. A comparison with a non-finite output decides nothing and is left out; with none left the
+check skips (see finite-outputs).
 """
 
 from __future__ import annotations
@@ -19,16 +31,20 @@ from collections.abc import Sequence
 
 import torch
 
-from attnlab.checks.calling import ModelUnderTest
+from attnlab.checks.calling import ModelUnderTest, mode
 from attnlab.checks.compare import TOLERANCE, Tally
-from attnlab.checks.inputs import generator, other_tokens, randint, random_source, random_tokens, short_width
+from attnlab.checks.inputs import SHORT, generator, other_tokens, randint, random_source, random_tokens, short_width
 from attnlab.checks.result import CheckResult, shown
 
 NAME = "causal"
+#: With the first seed, every cut of the longest rows up to this length (a batch of length - 1 rows).
+ALL_CUTS_UP_TO = 64
+#: Otherwise this many random cuts with the first seed, and a few with each other seed.
+LONG_CUTS, LONG_CUTS_PER_SEED = 32, 4
 
 
 def _cut_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int, width: int, cuts: list[int],
-               tally: Tally) -> CheckResult | None:
+               tally: Tally, where: str = "") -> CheckResult | None:
     """Rows of ``width``, row ``i`` changed after position ``cuts[i]``; a failure, or None."""
     contract = mut.contract
     ids = random_tokens(gen, contract, len(cuts), width)
@@ -43,17 +59,37 @@ def _cut_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int, 
             continue
         side = "target " if src is not None else ""
         evidence = {
-            "seed": seed, "cut": r, "input": ids[i], "changed_input": changed[i],
-            "positions": [p[0] for p in diff.positions], "max_diff": diff.max_diff, "bound": diff.bound,
+            "seed": seed, "cut": r, "input": ids[i], "changed_input": changed[i], "batch": len(cuts),
+            "train_mode": bool(where), "positions": [p[0] for p in diff.positions], "max_diff": diff.max_diff,
+            "bound": diff.bound,
         }
         if src is not None:
             evidence["source"] = src[i]
         summary = (
-            f"seed {seed}: changing {side}tokens after position {r} changed the output at position(s) "
+            f"seed {seed}{where}: changing {side}tokens after position {r} changed the output at position(s) "
             f"{shown(evidence['positions'])} by up to {diff}; input {shown(ids[i])} -> {shown(changed[i])}"
+            + (" (a batch of one)" if len(cuts) == 1 else "")
         )
         return CheckResult(NAME, "fail", summary, TOLERANCE.describe(), done, evidence)
     return None
+
+
+def _long_cuts(gen: torch.Generator, longest: int, first: bool) -> list[int]:
+    """The cuts of the longest rows for one seed (see the module docstring)."""
+    if first and longest <= ALL_CUTS_UP_TO:
+        return list(range(longest - 1))
+    count = LONG_CUTS if first else LONG_CUTS_PER_SEED
+    around_short = {SHORT - 1, SHORT} if longest - 2 >= SHORT else set()
+    return sorted({longest - 2, *around_short, *(randint(gen, 0, longest - 2) for _ in range(count))})
+
+
+def _train_mode_repeatable(mut: ModelUnderTest, gen: torch.Generator, seed: int) -> bool:
+    """Whether two train-mode calls on one input, both from ``seed``, agree (dropout from torch's streams)."""
+    width = short_width(mut.contract)
+    ids, src = random_tokens(gen, mut.contract, 2, width), random_source(gen, mut.contract, 2)
+    with mut.with_random_seed(seed):
+        first, again = mut.outputs(ids, src), mut.outputs(ids, src)
+    return all(mut.compare(first[i], again[i]).same for i in range(2))
 
 
 def check_causal(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
@@ -62,15 +98,32 @@ def check_causal(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
     if not contract.causal:
         return CheckResult(NAME, "skip", "an encoder may look at every position", tol)
     if not mut.per_position:
-        return CheckResult(NAME, "skip", "pooled output: no positions to compare", tol)
+        shapes = " and ".join(str(s) for s in mut.layout_shapes)
+        return CheckResult(NAME, "fail", f"the outputs do not follow the input's length (lengths 2 and 3 gave "
+                           f"outputs of shape {shapes}), so no position can be compared with the tokens before it: "
+                           "a causal model must return one output per input position, (batch, seq, ...)", tol, 0,
+                           {"output_shapes": mut.layout_shapes})
     tally, longest = Tally(), contract.max_length
+    train_mode: bool | None = None  # decided with the first seed: whether train-mode calls can be compared
+    untrained = ""  # why train mode was left out, for the summary
     for done, seed in enumerate(seeds, 1):
         mut.seed, gen = seed, generator(NAME, seed)
         width = randint(gen, 2, short_width(contract))
         failed = _cut_trial(mut, gen, seed, done, width, list(range(width - 1)), tally)  # every cut of a short row
-        if failed is None and done == 1 and longest > short_width(contract):
-            cuts = sorted({longest - 2, randint(gen, 0, longest - 2), randint(gen, 0, longest - 2)})
-            failed = _cut_trial(mut, gen, seed, done, longest, cuts, tally)
+        if failed is None:
+            failed = _cut_trial(mut, gen, seed, done, width, [randint(gen, 0, width - 2)], tally)
+        if failed is None and longest > short_width(contract):
+            failed = _cut_trial(mut, gen, seed, done, longest, _long_cuts(gen, longest, done == 1), tally)
+        if failed is None:
+            with mode(mut.model, training=True) as switched:
+                if train_mode is None:
+                    train_mode = switched and _train_mode_repeatable(mut, gen, seed)
+                    untrained = ("" if train_mode else " (eval mode only: a plain function has no train mode)"
+                                 if not switched else " (eval mode only: train mode is not repeatable from torch's seed)")
+                if train_mode:
+                    with mut.with_random_seed(seed):
+                        failed = _cut_trial(mut, gen, seed, done, width, list(range(width - 1)), tally,
+                                            " (train mode)")
         if failed is not None:
             return failed
-    return tally.verdict(NAME, tol, len(seeds), "no output moved when later tokens changed")
+    return tally.verdict(NAME, tol, len(seeds), "no output moved when later tokens changed" + untrained)

@@ -7,7 +7,9 @@ unpadded row of 3..8 tokens, all different where the vocabulary allows:
 * encoder, per-position outputs: fail when ``out(x[p]) == out(x)[p]`` (outputs only permuted);
 * encoder, pooled output: fail when ``out(x[p]) == out(x)``;
 * decoder: the last position sees every token; reorder the ones before it and fail when the last
-  output does not move (a causal model without positions sees only the set of earlier tokens);
+  output does not move (one causal layer without positions sees only the set of earlier tokens there;
+  from two layers on, the causal mask itself tells positions apart, since position t averages over t + 1
+  tokens, so a decoder without positions can pass, as it can also learn word order);
 * seq2seq: fail when reordering the source leaves every target output unchanged, or when reordering
   the target before its last position leaves the last output unchanged.
 
