@@ -81,6 +81,10 @@ def test_eval_json_table_and_unseen_labels(trained):
     assert "labels not seen in training, counted as errors: cards (2)" in table.output
     assert table.output.strip().splitlines()[-1].startswith(f"accuracy {report['accuracy']:.2%}")
     assert (root / "cm.png").is_file()
+    inside = root / "run" / "checkpoint" / "cm.png"  # the resume checkpoint is the run's own
+    refused = run("eval", "classify", root / "run", "--data", test, "--confusion", inside)
+    assert refused.exit_code == 2 and f"--confusion {inside} is a file of the run" in refused.stderr
+    assert not inside.exists()
 
 
 def test_predict_arguments_and_stdin(trained):

@@ -77,3 +77,37 @@ def test_option_ranges_are_checked_where_help_shows_them(args, shown):
     """Said by the option parser, so the line names the option, its range and --help, before any file is read."""
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2 and shown in result.stderr and "--help" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("raised, said", [
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: you tried "
+                  "to allocate 128000000000 bytes. Error code 12 (Cannot allocate memory)"),
+     "error: out of memory (128.0 GB asked for): the model or a batch is too large for this machine"),
+    (MemoryError(), "error: out of memory: the model or a batch is too large"),
+])
+def test_a_model_too_large_for_the_memory_is_one_error_line_not_a_traceback(raised, said, tmp_path, monkeypatch):
+    import attnlab.tasks.lm_train as lm_train
+
+    def too_large(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(lm_train, "build_lm", too_large)
+    text = tmp_path / "t.txt"
+    text.write_text("hello world\n" * 50, encoding="utf-8")
+    result = CliRunner().invoke(cli, ["train", "lm", "--text", str(text), "--out", str(tmp_path / "run"),
+                                      "--no-progress"])
+    assert result.exit_code == 2 and result.stderr.startswith(said) and result.stderr.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_runtime_error_that_is_not_about_memory_is_not_dressed_up_as_one(tmp_path, monkeypatch):
+    import attnlab.tasks.lm_train as lm_train
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    monkeypatch.setattr(lm_train, "build_lm", broken)
+    text = tmp_path / "t.txt"
+    text.write_text("hello world\n" * 50, encoding="utf-8")
+    result = CliRunner().invoke(cli, ["train", "lm", "--text", str(text), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)  # a bug: its traceback is kept

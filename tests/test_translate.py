@@ -109,6 +109,33 @@ def test_eval_prints_sacrebleu_json_and_writes_hypotheses(toy):
     assert hyp.read_text(encoding="utf-8").splitlines() == toy["test"][1]
 
 
+def test_an_output_that_would_replace_an_input_or_a_run_file_is_refused_before_any_work(toy, tmp_path):
+    src = tmp_path / "src.xx"
+    src.write_text("ka lo\n", encoding="utf-8")
+    ref = tmp_path / "ref.yy"
+    ref.write_text("red blue\n", encoding="utf-8")
+    run = toy["run"]
+    kept = {name: (run / name).read_bytes() for name in ("config.json", "model.safetensors", "tokenizer.json")}
+    evaluate = ["eval", "translate", run, "--src-file", src, "--ref-file", ref, "--no-progress", "--hyp-out"]
+    cases = [
+        (evaluate + [src], f"error: --hyp-out {src} is the --src-file file this command reads"),
+        (evaluate + [tmp_path / "." / "ref.yy"], "is the --ref-file file this command reads"),  # the same file, spelled otherwise
+        (evaluate + [run / "config.json"], f"error: --hyp-out {run / 'config.json'} is a file of the run {run} itself"),
+        (["translate", run, "--input", src, "--output", src], f"error: --output {src} is the --input file"),
+        (["translate", run, "ka", "--output", run / "model.safetensors"], "is a file of the run"),
+        (["attention", run, "ka", "--out", run / "checkpoint" / "x.png"], "is a file of the run"),
+    ]
+    for args, said in cases:
+        result = CliRunner().invoke(cli, [str(a) for a in args])
+        assert result.exit_code == 2 and said in result.stderr and result.stderr.count("\n") == 1, result.output
+    assert src.read_text(encoding="utf-8") == "ka lo\n" and ref.read_text(encoding="utf-8") == "red blue\n"
+    assert {name: (run / name).read_bytes() for name in kept} == kept
+    assert not (run / "checkpoint" / "x.png").exists()
+    again = tmp_path / "hyp.txt"  # an output of the command's own may be written over
+    for _ in range(2):
+        run_cli(*evaluate, again)
+
+
 def test_beam_search_never_returns_a_worse_hypothesis_than_greedy(toy):
     """Under its own objective (length-normalised log-probability) beam search must do at least as well."""
     tr = load_translator(toy["run"])

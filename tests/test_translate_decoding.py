@@ -107,6 +107,9 @@ def test_length_limit_is_relative_to_the_source_and_capped_by_the_position_table
     _, src = sources()
     assert max_lengths(src, m, 1.0, 2).tolist() == [9, 5, 7, 3]
     assert max_lengths(src, m, 5.0, 10).tolist() == [20, 20, 20, 15]
+    # "no limit" is the position table, never an int64 overflow that wraps to a limit of 1 token
+    assert max_lengths(src, m, 1e19, 0).tolist() == [20] * 4
+    assert max_lengths(src, m, 1.0, 99999999999999999999).tolist() == [20] * 4
     for hyp, limit in zip(greedy_search(m, src, max_len_a=0.0, max_len_b=3), [3, 3, 3, 3]):
         assert len(hyp) <= limit
     with pytest.raises(AttnlabError, match="beam size"):

@@ -46,11 +46,13 @@ def attention(run: Path, sentence: str, out: Path, layer: int | None, beam: int,
     """Translate SENTENCE with RUN and draw the cross-attention of one decoder layer, averaged over its heads."""
     from attnlab.errors import AttnlabError
     from attnlab.tasks.translate import cross_attention, load_translator
+    from attnlab.training.checkpoint import refuse_overwriting
     from attnlab.training.plots import figure_format
 
     if not sentence.strip():
         raise AttnlabError("the sentence is empty")
     figure_format(out, "--out")  # a name matplotlib cannot write is said before the translation
+    refuse_overwriting(out, "--out", run=run)
     settings = decode_settings(beam, length_penalty, max_len_a, max_len_b, threads)
     translator = load_translator(run)
     with report_warnings():

@@ -13,6 +13,7 @@ from attnlab.cli.params import PathParam
 from attnlab.tasks.classify import load_classifier
 from attnlab.tasks.classify_eval import draw_confusion, evaluate_table
 from attnlab.tasks.tables import read_table
+from attnlab.training.checkpoint import refuse_overwriting
 from attnlab.training.plots import figure_format
 
 
@@ -29,11 +30,12 @@ def eval_classify(run: Path, data: Path, text_column: str | None, label_column: 
     """Score the run RUN on the labelled table --data."""
     if confusion is not None:
         figure_format(confusion, "--confusion")  # a name matplotlib cannot write is said before the scoring
+    png = confusion or Path(run) / f"confusion-{Path(data).stem}.png"
+    refuse_overwriting(png, "--confusion", run=run, reads=(("--data", data),))
     clf = load_classifier(run)
     table = read_table(data, text_column=text_column or clf.config.get("text_column", "text"),
                        label_column=label_column, prefer_label_column=clf.config.get("label_column"))
     evaluation, truth, predicted = evaluate_table(clf, table)
-    png = confusion or Path(run) / f"confusion-{Path(data).stem}.png"
     evaluation.confusion_png = str(draw_confusion(truth, predicted, clf.labels, png))
     if as_json:
         click.echo(json.dumps(evaluation.as_dict()))

@@ -32,10 +32,13 @@ def eval_translate(run: Path, src_file: Path, ref_file: Path, hyp_out: Path | No
     from attnlab.files import write_text_atomic
     from attnlab.tasks.parallel_data import check_aligned
     from attnlab.tasks.translate import corpus_scores, load_translator, read_sentences
+    from attnlab.training.checkpoint import refuse_overwriting
 
     for option, path in (("--src-file", src_file), ("--ref-file", ref_file)):
         if str(path) == "-":  # two files cannot share one stdin, and the hypotheses are named after the source
             raise AttnlabError(f"{option} names a file; standard input (-) is read by `attnlab translate --input -`")
+    hyp_out = hyp_out or Path(run) / f"hyp.{Path(src_file).name.removesuffix('.gz')}.txt"
+    refuse_overwriting(hyp_out, "--hyp-out", run=run, reads=(("--src-file", src_file), ("--ref-file", ref_file)))
     settings = decode_settings(beam, length_penalty, max_len_a, max_len_b, threads)
     translator = load_translator(run)
     sources, references = read_sentences(src_file), read_sentences(ref_file)
@@ -44,7 +47,6 @@ def eval_translate(run: Path, src_file: Path, ref_file: Path, hyp_out: Path | No
     with report_warnings():
         hyps = translate_with_progress(translator, sources, settings, progress)
     seconds = time.perf_counter() - start
-    hyp_out = hyp_out or Path(run) / f"hyp.{Path(src_file).name.removesuffix('.gz')}.txt"
     write_text_atomic(hyp_out, "".join(h + "\n" for h in hyps))
     scores = corpus_scores(hyps, references)
     result = {"bleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2), "signature": scores["signature"],

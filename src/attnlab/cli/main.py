@@ -9,6 +9,7 @@ stderr, ``error: ...``, and exit status 2; never a stack trace.
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import stat
@@ -90,6 +91,24 @@ class _MainGroup(LazyGroup):
             where = f": {err.filename}" if getattr(err, "filename", None) else ""
             _error(f"{err.strerror or err}{where}")
             ctx.exit(2)
+        except (MemoryError, RuntimeError) as err:  # torch's OutOfMemoryError is a RuntimeError
+            said = _out_of_memory(err)
+            if said is None:
+                raise
+            _error(said)
+            ctx.exit(2)
+
+
+def _out_of_memory(err: BaseException) -> str | None:
+    """The line for an allocation that failed (a model or a batch too large for this machine), else None."""
+    text = str(err)
+    if not (isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError"
+            or "can't allocate memory" in text or "out of memory" in text.lower()):
+        return None
+    asked = re.search(r"allocate (\d+) bytes", text)
+    size = f" ({int(asked.group(1)) / 1e9:,.1f} GB asked for)" if asked else ""
+    return (f"out of memory{size}: the model or a batch is too large for this machine; choose smaller sizes "
+            "(width, feed-forward width, layers, batch size, context)")
 
 
 def _stdout_reader_left() -> bool:

@@ -75,11 +75,14 @@ def translate(run: Path, sentence: str | None, input_path: Path | None, output_p
     """Translate SENTENCE (or the --input file) with the trained run RUN."""
     from attnlab.files import write_text_atomic
     from attnlab.tasks.translate import load_translator, read_sentences
+    from attnlab.training.checkpoint import refuse_overwriting
 
     if (sentence is None) == (input_path is None):
         raise AttnlabError("give either a SENTENCE or --input FILE")
     if sentence is not None and not sentence.strip():
         raise AttnlabError("the sentence is empty")
+    if output_path is not None:
+        refuse_overwriting(output_path, "--output", run=run, reads=(("--input", input_path),))
     settings = decode_settings(beam, length_penalty, max_len_a, max_len_b, threads)
     translator = load_translator(run)
     with report_warnings():

@@ -60,8 +60,8 @@ class DecodeSettings:
 def max_lengths(src: Tensor, model: Transformer, a: float, b: int) -> Tensor:
     """(batch, src) ids -> (batch,) most tokens each sentence may generate, eos included."""
     real = (src != PAD_ID).sum(1).double()
-    limit = torch.floor(real * a + b).long()
-    return limit.clamp(1, model.decoder.embed.max_positions)
+    # Clamped while still a float: a huge a or b would overflow int64 (to a negative limit, clamped to 1 token).
+    return torch.floor(real * a + float(b)).clamp(1, model.decoder.embed.max_positions).long()
 
 
 def _step_log_probs(

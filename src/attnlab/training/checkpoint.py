@@ -65,6 +65,38 @@ CONFIG, WEIGHTS, CHECKPOINT = "config.json", "model.safetensors", "checkpoint"
 AVERAGED = "averaged.safetensors"  # in CHECKPOINT/, when training keeps a moving average of the weights
 
 
+#: What a run folder holds that its commands read back: settings, weights, tokenizers (JSON), the metrics
+#: log and the resume checkpoint. A file a command writes on request may go beside them, never over them.
+RUN_OWNED_SUFFIXES = (".json", ".jsonl", ".safetensors")
+
+
+def refuse_overwriting(path: str | Path, option: str, *, run: str | Path,
+                       reads: tuple[tuple[str, str | Path | None], ...] = ()) -> None:
+    """Refuse ``path`` as the output of ``option`` when writing it would destroy what the command or the run
+    needs: a file the command reads (``reads``: (option, path) pairs; ``-`` is standard input) or a file that
+    the run folder ``run`` holds for itself (its settings, weights, tokenizers, metrics, checkpoint).
+
+    Raises:
+        AttnlabError: naming the option and what the file is.
+    """
+    out = Path(path)
+    for name, source in reads:
+        if source is None or str(source) == "-" or not out.exists() or not Path(source).exists():
+            continue
+        if out.samefile(source):
+            raise AttnlabError(f"{option} {out} is the {name} file this command reads; writing there would replace "
+                               "it: choose another name")
+    run_dir = Path(run).resolve()
+    target = out.resolve()
+    if run_dir not in target.parents:
+        return
+    inside = target.relative_to(run_dir)
+    if inside.parts[0] == CHECKPOINT or (len(inside.parts) == 1 and target.suffix in RUN_OWNED_SUFFIXES
+                                         and target.exists()):
+        raise AttnlabError(f"{option} {out} is a file of the run {run} itself (its settings, weights, tokenizer, "
+                           "metrics or checkpoint); writing there would break the run: choose another name")
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The model inside a DistributedDataParallel (or compiled) wrapper."""
     model = getattr(model, "module", model)
