@@ -182,6 +182,31 @@ def test_leak_refuses_an_out_holding_an_experiment_or_part_of_one_and_changes_no
     assert _snapshot(partial) == before
 
 
+@pytest.mark.parametrize("existed", [False, True])
+def test_an_interrupted_experiment_leaves_nothing_that_would_refuse_the_next_run(tmp_path, monkeypatch, existed):
+    import attnlab.tasks.leak as leak
+
+    text = _letters(tmp_path / "t.txt")
+    out = tmp_path / "leak"
+    if existed:
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+    checked = []
+
+    def interrupted(*args, **kwargs):  # Ctrl-C once the first model is trained and written
+        checked.append(kwargs.get("spec"))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(leak, "run_checks", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_leak_experiment(text, out, leak.LEAK_SETTINGS.with_overrides(steps=2), sample_tokens=5)
+    assert checked and checked[0].endswith("check_models.py:causal")  # causal/ and check_models.py had been written
+    assert ({p.name for p in out.iterdir()} == {"notes.txt"}) if existed else not out.exists()
+    monkeypatch.undo()
+    again = _leak("--text", text, "--out", out, "--steps", "2", "--sample-tokens", "5")
+    assert again.exit_code == 0, (again.output, again.exception)
+
+
 def test_a_short_budget_warms_up_for_a_tenth_and_the_title_follows_the_verdict(tmp_path):
     text = tmp_path / "abc.txt"
     text.write_text("abc" * 400)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -237,7 +238,22 @@ def run_leak_experiment(text: str | Path, out: str | Path, settings: LMSettings 
     no file. ``on_start`` is called once the checks have passed, before training (to print what will run).
     """
     data = check_leak_experiment(text, out, settings, sample_tokens=sample_tokens)
+    existed = Path(out).exists()
     out = ensure_writable_dir(out)
+    try:
+        return _run(data, text, out, settings, sample_tokens, progress, on_start)
+    except BaseException:  # Ctrl-C or a failure: leave no part of an experiment that would refuse the next run
+        for name in OUT_ENTRIES:  # none of them was there before (check_leak_experiment refuses that)
+            path = out / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        if not existed and not any(out.iterdir()):
+            out.rmdir()
+        raise
+
+
+def _run(data: LMData, text: str | Path, out: Path, settings: LMSettings, sample_tokens: int, progress: bool,
+         on_start: Callable[[LMData], None] | None) -> LeakResult:
+    """The body of :func:`run_leak_experiment`, everything checked and ``out`` made."""
     if on_start is not None:
         on_start(data)
     # A prompt both models continue: the first line of the validation text, cut to half a context.
