@@ -133,6 +133,20 @@ def test_probes_order_and_padding(trained):
     assert vacuous.exit_code == 0 and vacuous.output.startswith("note: every text is 3 tokens long, so nothing gets")
 
 
+def test_options_the_chosen_model_does_not_read_are_named_not_silently_dropped(tmp_path):
+    train, valid = write_tickets(tmp_path / "train.csv", 60, seed=0), write_tickets(tmp_path / "valid.csv", 20, seed=1)
+    result = run("train", "classify", "--train", train, "--valid", valid, "--valid-fraction", "0.5", "--out",
+                 tmp_path / "bow", "--model", "bow", "--positions", "rotary", "--no-wide", "--steps", "1",
+                 "--bpe-vocab-size", "500", *SMALL)
+    assert result.exit_code == 0, result.output
+    for line in ("note: --positions is not used by --model bow; ignored", "note: --wide is not used by --model bow; ignored",
+                 "note: --valid-fraction is for a run without --valid (it holds out part of --train); ignored",
+                 "note: --bpe-vocab-size is for --tokenizer bpe; ignored"):
+        assert line in result.output
+    plain = run("train", "classify", "--train", train, "--out", tmp_path / "plain", "--steps", "1", *SMALL)
+    assert plain.exit_code == 0 and "note: --" not in plain.output  # what a model reads is not named
+
+
 def test_bow_and_bpe_variants_train(tmp_path):
     train = write_tickets(tmp_path / "train.jsonl", 200, seed=3)
     for extra in (["--model", "bow"], ["--tokenizer", "bpe", "--bpe-vocab-size", "120", "--layers", "1"]):
@@ -209,9 +223,20 @@ def test_bad_run_folders_are_one_line_and_exit_2(trained, tmp_path):
     other = write_tickets(tmp_path / "other.csv", 40, seed=9)
     assert "not the training file" in one_error_line(
         run("train", "classify", "--train", other, "--out", out, *SMALL, "--resume"))
-    resumed = run("train", "classify", "--train", train, "--out", out, *SMALL, "--steps", "7", "--resume")
-    assert resumed.exit_code == 0 and "resume: the run's saved settings are used; ignored: steps=7 (the run has 2)" \
-        in resumed.output
+    # A finished run given more steps goes on, its schedule re-planned (as train lm and train translate do).
+    resumed = run("train", "classify", "--train", train, "--out", out, *SMALL, "--steps", "7", "--lr", "1e-2",
+                  "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert "resume: the run now ends at step 7 instead of 2; its learning-rate schedule is re-planned" in resumed.output
+    assert "ignored: lr=0.01 (the run has 0.003)" in resumed.output and "steps=" not in resumed.output
+    assert json.loads((out / "result.json").read_text())["steps"] == 7
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["train"]["max_steps"] == 7 and saved["classify"]["steps"] == 7
+    again = run("train", "classify", "--train", train, "--out", out, *SMALL, "--resume")  # the new length is kept
+    assert again.exit_code == 0 and json.loads((out / "result.json").read_text())["steps"] == 7
+    assert one_error_line(run("train", "classify", "--train", train, "--out", out, *SMALL, "--steps", "3",
+                              "--resume")) == f"error: {out} has reached step 7, past the 3 steps asked for; resume " \
+                                             "with --steps 7 or more"
     assert "validated on --valid-fraction 0.1 of the training file" in one_error_line(
         run("train", "classify", "--train", train, "--valid", data, "--out", out, *SMALL, "--resume"))
 

@@ -147,9 +147,12 @@ def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):
 
     # (killed after its last checkpoint, before its report: a resume has the final evaluation left to do)
     shutil.copytree(run[0], tmp_path / "copy", ignore=shutil.ignore_patterns("result.json"))
+    shorter = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", tmp_path / "copy", "--resume",
+                     "--steps", "40", "--no-progress")  # a length the checkpoint is already past
+    assert shorter.stderr == f"error: {tmp_path / 'copy'} has reached step 80, past --steps 40; resume with --steps 80 or more\n"
     result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", tmp_path / "copy", "--resume",
-                    "--steps", "40", "--no-progress")
-    assert result.exit_code == 0 and "ignored: steps=40 (the run has 80)" in result.stderr
+                    "--lr", "0.5", "--no-progress")
+    assert result.exit_code == 0 and "ignored: lr=0.5 (the run has 0.01)" in result.stderr
     # Resuming on another text is named as such, not as an unreadable checkpoint.
     other = tmp_path / "other.txt"
     other.write_text(TEXT.upper(), encoding="utf-8")

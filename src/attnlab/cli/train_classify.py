@@ -63,7 +63,7 @@ def _default(name: str) -> str:
 @click.option("--epochs", type=click.IntRange(min=0), default=None,
               help="Epochs; 0 fits as many as --max-seconds allows, measured on a few timed steps. [default: 0]")
 @click.option("--max-epochs", type=click.IntRange(min=1), default=None, help=f"Cap of a fitted run. {_default('max_epochs')}")
-@click.option("--steps", type=click.IntRange(min=0), default=None, help="Optimizer steps (overrides --epochs).")
+@click.option("--steps", type=click.IntRange(min=0), default=None, help="Optimizer steps (overrides --epochs; 0: --epochs decides); on --resume, a new length for the run.")
 @click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None, help=f"Peak learning rate (AdamW, cosine decay). {_default('lr')}")
 @click.option("--min-lr", type=FiniteFloat(min=0), default=None, help=f"{_default('min_lr')}")
 @click.option("--warmup-epochs", type=FiniteFloat(min=0), default=None, help=f"Linear warmup. {_default('warmup_epochs')}")

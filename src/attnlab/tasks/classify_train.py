@@ -43,6 +43,7 @@ from attnlab.training.checkpoint import (
     CONFIG,
     WEIGHTS,
     build_model,
+    checkpoint_progress,
     has_checkpoint,
     ignored_on_resume,
     load_weights,
@@ -52,6 +53,7 @@ from attnlab.training.checkpoint import (
 )
 from attnlab.training.distributed import is_main_process
 from attnlab.training.engine import config_dict, to_device, train_or_forget
+from attnlab.training.schedules import length_changed
 
 TOKENIZER_FILE, RESULT_FILE = "tokenizer.json", "result.json"
 MODEL_KINDS = ("transformer", "tiny", "bow")
@@ -225,6 +227,34 @@ def build_tokenizer(texts: list[str], settings: ClassifySettings) -> tuple[WordT
     count = 0 if settings.model == "tiny" else settings.glove_words  # the core model has no frozen-vector path
     extra = [w for w in common_words(count, settings.glove) if w not in known and word_tokens(w) == [w]]
     return WordTokenizer(base.itos + extra), base.vocab_size
+
+
+#: The settings each model kind does not read (``tiny`` is the seed's router, ``bow`` the bag of vectors).
+UNUSED_BY_MODEL = {
+    "tiny": ("wordllama", "ngrams", "ngrams_per_token", "layer_heads", "wide", "bow_hidden"),
+    "bow": ("layers", "heads", "d_ff", "positions", "layer_heads", "wide"),
+    "transformer": ("bow_hidden",),
+}
+
+
+def unused_options(settings: ClassifySettings, requested: dict[str, Any], valid_given: bool) -> list[str]:
+    """One note for each option the command line gave that these settings do not read."""
+    said = [name for name in UNUSED_BY_MODEL[settings.model] if name in requested]
+    notes = [f"--{name.replace('_', '-')} is not used by --model {settings.model}; ignored" for name in said]
+    if valid_given and "valid_fraction" in requested:
+        notes.append("--valid-fraction is for a run without --valid (it holds out part of --train); ignored")
+    if settings.tokenizer == "word" and "bpe_vocab_size" in requested:
+        notes.append("--bpe-vocab-size is for --tokenizer bpe; ignored")
+    return notes
+
+
+def _refuse_shorter(out: Path, steps: int) -> int:
+    """The step the checkpoint in ``out`` has reached, refused if it is past ``steps``, the length asked for."""
+    reached = checkpoint_progress(out)[0]
+    if reached > steps:
+        raise AttnlabError(f"{out} has reached step {reached}, past the {steps} steps asked for; resume with "
+                           f"--steps {reached} or more")
+    return reached
 
 
 def build_classifier(tokenizer, trained: int, num_classes: int, settings: ClassifySettings,
@@ -407,7 +437,11 @@ def train_classifier(
     if resume:
         saved = read_run_config(out, TASK_NAME)
         settings = ClassifySettings(**{"wordllama": False, **saved["classify"]})  # older runs had GloVe only
-        ignored = ignored_on_resume(requested or {}, asdict(settings))
+        # A new length (--steps, else --epochs) is taken, its schedule re-planned; the other settings are the run's.
+        length = {k: v for k, v in (requested or {}).items() if k in ("steps", "epochs") and v}
+        ignored = ignored_on_resume({k: v for k, v in (requested or {}).items() if k not in length}, asdict(settings))
+        if "steps" in length and has_checkpoint(out):  # said before the data is read (--epochs needs it)
+            _refuse_shorter(out, length["steps"])
         if ignored:
             note(ignored)
         if saved["data"]["train_sha256"] != fingerprint(train_path):
@@ -420,6 +454,9 @@ def train_classifier(
     elif (out / CONFIG).exists():  # every process checks, before the barrier below lets rank 0 write
         raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     settings.check()
+    if saved is None:
+        for line in unused_options(settings, requested or {}, valid_path is not None):
+            note(f"note: {line}")
     if settings.threads:
         torch.set_num_threads(settings.threads)
     data = load_data(train_path, valid_path, settings, labels=None if saved is None else saved["labels"])
@@ -458,6 +495,13 @@ def train_classifier(
     per_epoch = task.batches_per_epoch()
     if saved is not None:
         planned = int(saved["train"]["max_steps"])  # as planned at the start, even if it was fitted to the time
+        asked = length.get("steps") or length.get("epochs", 0) * per_epoch
+        if asked and asked != planned and has_checkpoint(out):
+            reached = _refuse_shorter(out, asked)
+            settings = replace(settings, steps=asked)
+            before, after = (settings.train_config(n, per_epoch, False).learning_rates() for n in (planned, asked))
+            note(length_changed(before, after, reached))
+            planned = asked
     elif settings.steps or settings.epochs:
         planned = settings.steps or settings.epochs * per_epoch
     else:
@@ -493,6 +537,8 @@ def train_classifier(
         })
     result = train_or_forget(model, task, config, Path(out), resume=resume, existed=existed,
                              task_files=[TOKENIZER_FILE])
+    if saved is not None and main and planned != int(saved["train"]["max_steps"]):  # the new length, once it ran
+        write_run_config(out, {**saved, "classify": asdict(settings), "train": config_dict(config)})
     load_weights(model, out / WEIGHTS)
     best = result.best
     total = len(data.valid)  # rows with unseen labels count as wrong: they cannot be predicted

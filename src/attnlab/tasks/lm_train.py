@@ -59,7 +59,7 @@ from attnlab.training.checkpoint import (
 )
 from attnlab.training.distributed import is_main_process
 from attnlab.training.engine import METRICS_FILE, config_dict, train_or_forget
-from attnlab.training.schedules import Schedule
+from attnlab.training.schedules import length_changed
 
 
 @dataclass(frozen=True)
@@ -236,17 +236,6 @@ def build_lm(settings: LMSettings, vocab_size: int, model_class: type[DecoderLM]
 RESUME_MAY_CHANGE = ("max_seconds", "checkpoint_every", "steps")
 
 
-def _steps_changed(before: LMSettings, after: LMSettings, step: int) -> str:
-    """The line a resume prints when it is given another number of steps than the run had."""
-    def lr(settings: LMSettings) -> float:
-        config = settings.train_config(progress=False)
-        return Schedule(config.schedule, config.lr, config.warmup_steps, config.max_steps, config.min_lr)(step)
-
-    return (f"resume: the run now ends at step {after.steps} instead of {before.steps}; its learning-rate schedule is "
-            f"re-planned over {after.steps} steps (at step {step}: {lr(before):.3g} -> {lr(after):.3g}), so it is "
-            f"not the run a fresh --steps {after.steps} would make")
-
-
 def _notes(settings: LMSettings, data: LMData, requested: dict[str, Any]) -> list[str]:
     """Settings that are allowed but rarely what was meant, each said in one line."""
     notes = []
@@ -330,8 +319,14 @@ def train_language_model(
             raise AttnlabError(f"{text} is not the text this run started with ({run_config['data']['text']}); "
                                "resume needs the same text")
         _refuse_finished(Path(out), settings)
-        if settings.steps != before.steps and has_checkpoint(out) and is_main_process():
-            print(_steps_changed(before, settings, checkpoint_progress(out)[0]), file=sys.stderr)
+        if settings.steps != before.steps and has_checkpoint(out):
+            reached = checkpoint_progress(out)[0]
+            if reached > settings.steps:
+                raise AttnlabError(f"{out} has reached step {reached}, past --steps {settings.steps}; resume with "
+                                   f"--steps {reached} or more")
+            if is_main_process():
+                print(length_changed(before.train_config(progress=False).learning_rates(),
+                                     settings.train_config(progress=False).learning_rates(), reached), file=sys.stderr)
         if not has_checkpoint(out):
             # Killed before its first checkpoint: start again from step 0 with the saved settings, which is
             # exactly what the uninterrupted run did (as the classifier does).

@@ -122,6 +122,10 @@ class TrainConfig:
     device: str = "auto"
     progress: bool = True
 
+    def learning_rates(self) -> Schedule:
+        """The learning rate at each step these settings give."""
+        return Schedule(self.schedule, self.lr, self.warmup_steps, self.max_steps, self.min_lr)
+
     def validate(self) -> None:
         counts = ("max_steps", "grad_accum", "warmup_steps", "eval_every", "patience", "checkpoint_every", "log_every")
         for name in counts:  # 2.5 steps would run 3; inf warmup steps would train at a learning rate of 0
@@ -232,7 +236,7 @@ class Trainer:
             _decay_groups(self.model, config.weight_decay), lr=config.lr, betas=config.betas,
             fused=self.place.device.type in ("cpu", "cuda"),
         )
-        self.schedule = Schedule(config.schedule, config.lr, config.warmup_steps, config.max_steps, config.min_lr)
+        self.schedule = config.learning_rates()
         # The average copies the model as it is now, buffers included (a task fills its buffers before this).
         self.averaged: AveragedModel | None = None
         if config.ema_decay:

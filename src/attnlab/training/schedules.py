@@ -50,3 +50,11 @@ class Schedule:
         span = max(self.total_steps - self.warmup_steps, 1)
         progress = min((s - self.warmup_steps) / span, 1.0)
         return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def length_changed(before: Schedule, after: Schedule, step: int) -> str:
+    """The line a resume prints when it is given another length than the run had: where the run now ends and
+    how the re-planned schedule moves the learning rate at ``step``, the step it continues from."""
+    return (f"resume: the run now ends at step {after.total_steps} instead of {before.total_steps}; its learning-rate "
+            f"schedule is re-planned over {after.total_steps} steps (at step {step}: {before(step):.3g} -> "
+            f"{after(step):.3g}), so it is not the run a fresh one of {after.total_steps} steps would make")
