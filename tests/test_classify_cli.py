@@ -2,6 +2,7 @@
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -85,6 +86,23 @@ def test_eval_json_table_and_unseen_labels(trained):
     refused = run("eval", "classify", root / "run", "--data", test, "--confusion", inside)
     assert refused.exit_code == 2 and f"--confusion {inside} is a file of the run" in refused.stderr
     assert not inside.exists()
+
+
+def test_a_run_that_cannot_be_written_is_scored_with_the_output_put_elsewhere(trained, monkeypatch, tmp_path):
+    import attnlab.cli.params as params
+
+    root, _ = trained
+    test = write_tickets(tmp_path / "test.csv", 20, seed=1)
+    real_access = params.os.access
+    # (root may write anywhere: pretend the run is on a read-only disk)
+    monkeypatch.setattr(params.os, "access", lambda p, mode, **kw: (mode != params.os.W_OK or Path(p) != root / "run")
+                        and real_access(p, mode, **kw))
+    refused = run("eval", "classify", root / "run", "--data", test, "--json")
+    assert refused.exit_code == 2 and refused.stderr == (f"error: {root / 'run'} is not writable, and confusion-test.png "
+                                                         "goes there by default; give --confusion PATH to write it "
+                                                         "elsewhere\n")
+    elsewhere = run("eval", "classify", root / "run", "--data", test, "--json", "--confusion", tmp_path / "cm.png")
+    assert elsewhere.exit_code == 0 and (tmp_path / "cm.png").is_file()
 
 
 def test_predict_arguments_and_stdin(trained):

@@ -160,6 +160,30 @@ def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):
     assert result.exit_code == 2 and "not the text this run started with" in result.stderr
 
 
+def test_ctrl_c_says_which_checkpoint_is_kept_and_how_to_continue(tmp_path, monkeypatch):
+    from attnlab.training.engine import Trainer
+
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    step = Trainer._step
+    for stop_after, said in ((50, "the checkpoint of step 40 is kept in {out}/checkpoint; continue with the same "
+                                  "command and --resume\n\ninterrupted\n"),
+                             (10, "no checkpoint yet: the same command with --resume starts {out} again from step 0\n"
+                                  "\ninterrupted\n")):  # (the blank line is Click's, after Ctrl-C's ^C)
+        calls = []
+
+        def interrupted(self, micro, stop_after=stop_after, calls=calls):
+            calls.append(1)
+            if len(calls) > stop_after:
+                raise KeyboardInterrupt
+            return step(self, micro)
+
+        monkeypatch.setattr(Trainer, "_step", interrupted)
+        out = tmp_path / f"stopped{stop_after}"
+        result = invoke("train", "lm", "--text", text, "--out", out, *TINY)
+        assert result.exit_code == 130 and result.stderr.endswith(said.format(out=out)), result.stderr
+
+
 def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(run, tmp_path):
     import shutil
 

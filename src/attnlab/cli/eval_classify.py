@@ -9,7 +9,7 @@ import click
 from rich.table import Table as RichTable
 
 from attnlab.cli.console import console as stdout_console
-from attnlab.cli.params import PathParam
+from attnlab.cli.params import PathParam, default_output
 from attnlab.tasks.classify import load_classifier
 from attnlab.tasks.classify_eval import draw_confusion, evaluate_table
 from attnlab.tasks.tables import read_table
@@ -30,7 +30,7 @@ def eval_classify(run: Path, data: Path, text_column: str | None, label_column: 
     """Score the run RUN on the labelled table --data."""
     if confusion is not None:
         figure_format(confusion, "--confusion")  # a name matplotlib cannot write is said before the scoring
-    png = confusion or Path(run) / f"confusion-{Path(data).stem}.png"
+    png = confusion or default_output(Path(run) / f"confusion-{Path(data).stem}.png", "--confusion")
     refuse_overwriting(png, "--confusion", run=run, reads=(("--data", data),))
     clf = load_classifier(run)
     table = read_table(data, text_column=text_column or clf.config.get("text_column", "text"),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from attnlab.cli.params import PathParam
+from attnlab.cli.params import PathParam, default_output
 from attnlab.cli.translate import decode_options, decode_settings, report_warnings, translate_with_progress
 from attnlab.errors import AttnlabError
 
@@ -37,7 +37,7 @@ def eval_translate(run: Path, src_file: Path, ref_file: Path, hyp_out: Path | No
     for option, path in (("--src-file", src_file), ("--ref-file", ref_file)):
         if str(path) == "-":  # two files cannot share one stdin, and the hypotheses are named after the source
             raise AttnlabError(f"{option} names a file; standard input (-) is read by `attnlab translate --input -`")
-    hyp_out = hyp_out or Path(run) / f"hyp.{Path(src_file).name.removesuffix('.gz')}.txt"
+    hyp_out = hyp_out or default_output(Path(run) / f"hyp.{Path(src_file).name.removesuffix('.gz')}.txt", "--hyp-out")
     refuse_overwriting(hyp_out, "--hyp-out", run=run, reads=(("--src-file", src_file), ("--ref-file", ref_file)))
     settings = decode_settings(beam, length_penalty, max_len_a, max_len_b, threads)
     translator = load_translator(run)

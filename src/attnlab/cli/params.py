@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 import click
+
+from attnlab.errors import AttnlabError
 
 
 class PathParam(click.Path):
@@ -39,3 +43,13 @@ class FiniteFloat(click.FloatRange):
     def _describe_range(self) -> str:
         # Without bounds click would print "x<=None" in --help; there is no range to show.
         return "" if self.min is None and self.max is None else super()._describe_range()
+
+
+def default_output(path: Path, option: str) -> Path:
+    """``path``, a command's default output in a run folder, refused up front when that folder cannot be written
+    (a run on a read-only disk can still be scored: the message says which option puts the output elsewhere)."""
+    folder = path.parent
+    if folder.is_dir() and not os.access(folder, os.W_OK):
+        raise AttnlabError(f"{folder} is not writable, and {path.name} goes there by default; give {option} PATH "
+                           "to write it elsewhere")
+    return path

@@ -94,7 +94,9 @@ def probe_padding(run: Path, data: Path, text_column: str | None, label_column: 
                f"(scores {verdict} to alone: largest difference {result.mask_max_diff:.2e})")
     click.echo(f"accuracy padded, without mask: {_pct(result.padded_no_mask)}  "
                f"({result.no_mask_changed:.1%} of the predictions change)")
-    hidden = (f"; {result.inverted_all_hidden} texts had every key hidden: NaN in torch's encoder, zero attention "
+    n = result.inverted_all_hidden
+    hidden = (f"; {n} text{'s' if n != 1 else ''} had every key hidden: NaN in torch's encoder, zero attention "
               "here" if len(clf.model.encoder.layers) else "")  # no layers: no keys to hide
-    click.echo(f"accuracy with the mask inverted: {_pct(result.inverted)}  ({result.inverted_nan} texts with NaN "
-               f"scores{hidden})")
+    nan = result.inverted_nan
+    click.echo(f"accuracy with the mask inverted: {_pct(result.inverted)}  ({nan} text{'s' if nan != 1 else ''} with "
+               f"NaN scores{hidden})")

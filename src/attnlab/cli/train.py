@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import click
 
 from attnlab.cli.lazy import LazyGroup
@@ -17,3 +22,26 @@ TRAIN_COMMANDS: dict[str, str] = {
 @click.group(cls=LazyGroup, lazy_commands=TRAIN_COMMANDS)
 def train() -> None:
     """Train a model. Runs unchanged under `torchrun --nproc_per_node N -m attnlab.cli.main train ...` (DDP)."""
+
+
+def says_how_to_continue(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a train command so that Ctrl-C (or ``kill``) says, before ``interrupted``, what its ``out`` folder
+    kept and how to continue it, as a long training run's user needs to know."""
+    @functools.wraps(command)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except KeyboardInterrupt:
+            from attnlab.training.checkpoint import CONFIG, checkpoint_progress, has_checkpoint
+            from attnlab.training.distributed import is_main_process
+
+            out = Path(kwargs["out"])
+            if is_main_process() and has_checkpoint(out):
+                click.echo(f"the checkpoint of step {checkpoint_progress(out)[0]} is kept in {out / 'checkpoint'}; "
+                           "continue with the same command and --resume", err=True)
+            elif is_main_process() and (out / CONFIG).exists():
+                click.echo(f"no checkpoint yet: the same command with --resume starts {out} again from step 0",
+                           err=True)
+            raise
+
+    return wrapped

@@ -8,6 +8,7 @@ import click
 
 from attnlab.cli import SEED
 from attnlab.cli.params import FiniteFloat, PathParam
+from attnlab.cli.train import says_how_to_continue
 from attnlab.tasks.classify_train import MODEL_KINDS, ClassifySettings, train_classifier
 
 DEFAULTS = ClassifySettings()
@@ -83,6 +84,7 @@ def _default(name: str) -> str:
               help="torch threads (0: torch's default, one per core; 2 may help on an otherwise idle machine). [default: 1]")
 @click.option("--seed", type=SEED, default=None, help=f"{_default('seed')}")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+@says_how_to_continue
 def train_classify(train_path: Path, valid_path: Path | None, out: Path, resume: bool, progress: bool,
                    **overrides: object) -> None:
     """Train a text classifier on TRAIN; select on --valid (or a held-out share); write the run to --out.

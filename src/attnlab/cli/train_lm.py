@@ -8,6 +8,7 @@ import click
 
 from attnlab.cli import SEED, omp_passive  # noqa: F401  (omp_passive: before torch is imported)
 from attnlab.cli.params import FiniteFloat, PathParam
+from attnlab.cli.train import says_how_to_continue
 from attnlab.tasks.lm import PEAK_REPEATS, PEAK_SIZE, LMData
 from attnlab.tasks.lm_train import LM_PRESETS, LMReport, train_language_model
 
@@ -80,6 +81,7 @@ def _steps(report: LMReport) -> str:
               help="Stop training after this many seconds in all (0: no limit); may be raised on --resume.")
 @click.option("--resume", is_flag=True, help="Continue from RUN/checkpoint.")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+@says_how_to_continue
 def train_lm(text: Path, out: Path, preset: str, compile_: bool | None, resume: bool, progress: bool,
              **overrides: object) -> None:
     """Train a decoder-only LM (GPT-like) on random windows of TEXT; validation is the file's last fraction.
