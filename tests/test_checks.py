@@ -179,8 +179,16 @@ def test_an_exception_names_the_input_that_raised_it():
 
 
 @pytest.mark.parametrize(("model", "message"), [
-    (lambda ids: torch.zeros(3, 7), r"the output has shape \(3, 7\), but the batch has \d rows? \(seed 0; ids of"),
-    (lambda ids: "logits", "the model returned str; expected a tensor"),
+    (lambda ids: torch.zeros(3, 7), r"the checks cannot use the model's output: the output has shape \(3, 7\), but "
+                                    r"the batch has 2 rows \(ids of shape \(2, 2\) with row lengths 2\)"),
+    (lambda ids: "logits", "the checks cannot use the model's output: the model returned str; expected a tensor"),
+])
+def test_an_output_no_check_can_use_is_one_error_not_a_failure_in_every_check(model, message):
+    with pytest.raises(AttnlabError, match=message):
+        run_checks(model, Contract("encoder"), seeds=1)
+
+
+@pytest.mark.parametrize(("model", "message"), [
     # (batch, seq, seq): the last axis follows the width, so a row alone and padded cannot be compared
     (lambda ids: (ids + torch.arange(ids.shape[1])).float()[..., None].expand(-1, -1, ids.shape[1]),
      "one row's outputs have shapes"),
@@ -703,18 +711,31 @@ def test_ids_are_drawn_from_a_vocabulary_of_any_size_without_a_table_of_it():
 
 def test_a_model_of_another_kind_is_told_to_check_its_kind():
     seq2seq = Transformer(20, 20, 8, 1, 2, 16).eval()
-    result = run_checks(seq2seq, Contract("decoder", vocab_size=20), seeds=1, only=["causal"]).results[0]
-    assert result.status == "fail" and "[a decoder is called as model(ids): is --kind right?]" in result.summary
+    with pytest.raises(AttnlabError, match=r"^the model cannot be called as a decoder is, model\(ids\): TypeError: "
+                                           r"Transformer.forward\(\) missing 1 required positional argument: 'tgt'; "
+                                           r"is --kind right\?$"):
+        run_checks(seq2seq, Contract("decoder", vocab_size=20), seeds=1, only=["causal"])
     lm = DecoderLM(20, 8, 1, 2).eval()
-    result = run_checks(lm, Contract("seq2seq", vocab_size=20), seeds=1, only=["causal"]).results[0]
-    assert "[a seq2seq is called as model(src, tgt): is --kind right?]" in result.summary
+    with pytest.raises(AttnlabError, match=r"cannot be called as a seq2seq is, model\(src, tgt\)"):
+        run_checks(lm, Contract("seq2seq", vocab_size=20), seeds=1, only=["causal"])
 
     class Optional(nn.Module):  # Python says "forward() takes from 1 to 2 positional arguments but 3 were given"
         def forward(self, ids=None):
             return lm(ids)
 
-    result = run_checks(Optional(), Contract("seq2seq", vocab_size=20), seeds=1, only=["causal"]).results[0]
-    assert "takes from 1 to 2 positional" in result.summary and "is --kind right?" in result.summary, result.summary
+    with pytest.raises(AttnlabError, match="takes from 1 to 2 positional.*is --kind right"):
+        run_checks(Optional(), Contract("seq2seq", vocab_size=20), seeds=1, only=["causal"])
+
+    class Inner(nn.Module):  # the same words from inside the model: its own bug, reported by the checks
+        def forward(self, ids):
+            def helper(x, mask):
+                return x
+
+            return helper(lm(ids))
+
+    result = run_checks(Inner(), Contract("decoder", vocab_size=20), seeds=1, only=["causal"]).results[0]
+    assert result.status == "fail" and "missing 1 required positional argument: 'mask'" in result.summary
+    assert "--kind" not in result.summary
 
     def broken(ids):  # a TypeError of torch's, inside a model of the right kind: no hint about --kind
         return torch.nn.functional.linear((ids,), torch.ones(2, 2))

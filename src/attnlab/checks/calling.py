@@ -172,7 +172,7 @@ class ModelUnderTest:
         output whose size happens to equal one length cannot follow both.
         """
         if self._per_position is None:
-            follows = []
+            follows, self.layout_shapes = [], []
             for length in (2, 3):
                 ids = torch.full((2, length), 1 if self.contract.pad_id != 1 else 2, dtype=torch.long)
                 out = self(ids, ids) if self.contract.kind == "seq2seq" else self(ids)

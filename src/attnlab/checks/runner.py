@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from attnlab.checks.batch import check_batch_independence
@@ -67,7 +68,7 @@ def run_check(name: str, mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
         if isinstance(err, IndexError):  # nearly always an embedding table smaller than the ids drawn
             what += (f" [ids are drawn below vocab size {c.vocab_size} (--vocab-size), rows are up to max length "
                      f"{c.max_length} (--max-length) long: does the model take both?]")
-        elif isinstance(err, TypeError) and _WRONG_ARITY.search(str(err)):  # called with too many or too few inputs
+        elif _call_mismatch(err):  # called with too many or too few inputs
             call = "model(src, tgt)" if c.kind == "seq2seq" else "model(ids)"
             what += f" [{'an' if c.kind == 'encoder' else 'a'} {c.kind} is called as {call}: is --kind right?]"
         return _stopped(name, mut, what, {"exception": f"{type(err).__name__}: {err}"})
@@ -75,6 +76,43 @@ def run_check(name: str, mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
         return _stopped(name, mut, str(err), {"output_error": str(err)})
     except Exception as err:  # anything else is the check's own trouble; a report beats a traceback
         return _stopped(name, mut, f"the check stopped on {_first_line(err)}", {"check_error": _first_line(err)})
+
+
+def _refuse_uncallable(mut: ModelUnderTest) -> None:
+    """Call the model on two plain batches (the output layout is decided there) and raise :class:`AttnlabError`
+    when it cannot be called as its kind says (Python's own complaint about the arguments) or returns what no
+    check can use: that is the command's usage, one line, not a finding to repeat in every check. A model that
+    raises anything else is left to the checks, which report it with the input that made it raise."""
+    c = mut.contract
+    try:
+        with mode(mut.model, training=False):
+            mut.per_position  # noqa: B018 (the property calls the model)
+    except ModelRaised as raised:
+        err = raised.error
+        if _call_mismatch(err):
+            call = "model(src, tgt)" if c.kind == "seq2seq" else "model(ids)"
+            raise AttnlabError(f"the model cannot be called as {'an' if c.kind == 'encoder' else 'a'} {c.kind} is, "
+                               f"{call}: {_first_line(err)}; is --kind right?") from err
+    except OutputError as err:
+        raise AttnlabError(f"the checks cannot use the model's output: {err} ({mut.input_summary()})") from err
+
+
+def _call_mismatch(err: BaseException) -> bool:
+    """Whether ``err`` is Python refusing the call's arguments at the model's door, not a TypeError from inside
+    it: the message says so and the innermost frame is the caller's (attnlab's, or torch's ``Module.__call__``)."""
+    if not (isinstance(err, TypeError) and _WRONG_ARITY.search(str(err))):
+        return False
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    code = tb.tb_frame.f_code
+    return code is ModelUnderTest.__call__.__code__ or code.co_filename.endswith(TORCH_MODULE_CALL)
+
+
+#: Where ``nn.Module.__call__`` binds ``forward``'s arguments.
+TORCH_MODULE_CALL = str(Path("torch", "nn", "modules", "module.py"))
 
 
 def _first_line(err: BaseException) -> str:
@@ -121,6 +159,7 @@ def run_checks(
     seed_values = seed_list(seeds)
     mut = ModelUnderTest(model, contract)
     with FAST_PATH_LOCK:  # the checks switch torch's process-wide fast-path flag; one run at a time
+        _refuse_uncallable(mut)
         random = eval_randomness(mut, seed_values[0]) if set(names) & set(COMPARING) else None
         results = []
         for name in names:
