@@ -744,6 +744,30 @@ def test_a_model_of_another_kind_is_told_to_check_its_kind():
     assert result.status == "fail" and "TypeError" in result.summary and "--kind" not in result.summary
 
 
+@pytest.mark.parametrize("p", [0.5, 0.1])
+def test_train_mode_noise_from_another_generator_is_not_called_a_leak(p):
+    import random
+
+    class PythonDropout(nn.Module):  # a correct decoder whose train mode zeroes its output at Python's random
+        def __init__(self):
+            super().__init__()
+            self.inner = Tiny(causal=True)
+
+        def forward(self, ids):
+            out = self.inner(ids)
+            return out * 0 if self.training and random.random() < p else out
+
+    noted = 0
+    for trial in range(6):
+        random.seed(trial)
+        result = run_checks(PythonDropout(), Contract("decoder"), seeds=3, only=["causal"]).results[0]
+        assert result.status == "pass", result.summary
+        noted += "eval mode only: train mode is not repeatable from torch's seed" in result.summary
+    assert noted >= (3 if p == 0.5 else 0)  # said whenever the noise showed (a run may not draw a zeroed call)
+    leaky = run_checks(Tiny(causal=True, bug="causal_at_eval_only"), Contract("decoder"), seeds=3, only=["causal"])
+    assert leaky.results[0].status == "fail" and "(train mode)" in leaky.results[0].summary
+
+
 def test_a_causal_model_whose_outputs_do_not_follow_the_length_fails_causal_instead_of_skipping():
     pooled = Tiny(causal=True, pool="mean")  # one output per sequence: nothing to compare position by position
 

@@ -253,7 +253,7 @@ def test_bad_run_folders_are_one_line_and_exit_2(trained, tmp_path):
     again = run("train", "classify", "--train", train, "--out", out, *SMALL, "--resume")  # the new length is kept
     assert again.exit_code == 0 and json.loads((out / "result.json").read_text())["steps"] == 7
     assert one_error_line(run("train", "classify", "--train", train, "--out", out, *SMALL, "--steps", "3",
-                              "--resume")) == f"error: {out} has reached step 7, past the 3 steps asked for; resume " \
+                              "--resume")) == f"error: {out} has reached step 7, past the 3 steps it is given; resume " \
                                              "with --steps 7 or more"
     assert "validated on --valid-fraction 0.1 of the training file" in one_error_line(
         run("train", "classify", "--train", train, "--valid", data, "--out", out, *SMALL, "--resume"))
@@ -388,3 +388,52 @@ def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_run_behind(tmp_p
                                                        "checkpoint had been written yet\n")
     assert not (tmp_path / "out").exists()  # the fixed command may use the same --out
     assert run(*args).exit_code == 0
+
+
+def test_lengthening_a_classify_run_on_resume_is_refused_when_it_could_not_go_on_and_survives_an_interruption(
+        tmp_path, monkeypatch):
+    from attnlab.training.engine import Trainer
+
+    train = write_tickets(tmp_path / "t.csv", 40)
+    assert SMALL[-2:] == ["--max-seconds", "0"]
+    fixed = SMALL[:-2]  # each run below sets its own budget
+
+    def out_of(name, *args):
+        return run("train", "classify", "--train", train, "--out", tmp_path / name, *fixed, *args)
+
+    # Ended by early stopping: no step would be taken, so a new length is refused, with why.
+    assert out_of("patient", "--steps", "60", "--patience", "1", "--eval-every", "1", "--max-seconds", "0").exit_code == 0
+    assert json.loads((tmp_path / "patient" / "result.json").read_text())["stopped_by"] == "patience"
+    said = one_error_line(out_of("patient", "--steps", "200", "--resume"))
+    assert said.startswith(f"error: {tmp_path / 'patient'} was ended by early stopping (--patience 1) at step ")
+    # A spent time budget: refused unless the resume raises it too, which it may now.
+    assert out_of("timed", "--steps", "2", "--max-seconds", "1e-9").exit_code == 0
+    said = one_error_line(out_of("timed", "--steps", "5", "--resume"))
+    assert "has spent its time budget, --max-seconds 1e-09" in said and "resume with a larger --max-seconds" in said
+    longer = out_of("timed", "--steps", "5", "--max-seconds", "0", "--resume")
+    assert longer.exit_code == 0 and json.loads((tmp_path / "timed" / "result.json").read_text())["steps"] == 5
+    # No checkpoint yet: the run starts again from step 0, with the new length.
+    assert out_of("fresh", "--steps", "2", "--max-seconds", "0").exit_code == 0
+    import shutil
+
+    shutil.rmtree(tmp_path / "fresh" / "checkpoint")
+    again = out_of("fresh", "--steps", "3", "--resume")
+    assert again.exit_code == 0 and "resume: the run starts again with 3 steps instead of 2" in again.output
+    assert json.loads((tmp_path / "fresh" / "result.json").read_text())["steps"] == 3
+    # Interrupted while going on to its new length: a plain --resume finishes it (the length was saved first).
+    assert out_of("cut", "--steps", "4", "--checkpoint-every", "1", "--max-seconds", "0").exit_code == 0
+    step = Trainer._step
+    taken = []
+
+    def interrupted(self, micro):
+        taken.append(1)
+        if len(taken) > 2:
+            raise KeyboardInterrupt
+        return step(self, micro)
+
+    monkeypatch.setattr(Trainer, "_step", interrupted)
+    assert out_of("cut", "--steps", "9", "--resume").exit_code == 130
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "cut" / "config.json").read_text())["train"]["max_steps"] == 9
+    finished = out_of("cut", "--resume")
+    assert finished.exit_code == 0 and json.loads((tmp_path / "cut" / "result.json").read_text())["steps"] == 9

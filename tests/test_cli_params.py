@@ -82,22 +82,23 @@ def test_option_ranges_are_checked_where_help_shows_them(args, shown):
 @pytest.mark.parametrize("raised, said", [
     (RuntimeError("[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: you tried "
                   "to allocate 128000000000 bytes. Error code 12 (Cannot allocate memory)"),
-     "error: out of memory (128.0 GB asked for): the model or a batch is too large for this machine"),
-    (MemoryError(), "error: out of memory: the model or a batch is too large"),
+     "error: out of memory (128.0 GB asked for): the model or the work asked of it is too large for this machine's "
+     "memory\n"),
+    (MemoryError(), "error: out of memory: the model or the work asked of it is too large"),
 ])
 def test_a_model_too_large_for_the_memory_is_one_error_line_not_a_traceback(raised, said, tmp_path, monkeypatch):
-    import attnlab.tasks.lm_train as lm_train
+    from attnlab.training.engine import Trainer
 
-    def too_large(*args, **kwargs):
+    def too_large(*args, **kwargs):  # a batch too large, once the run folder is written
         raise raised
 
-    monkeypatch.setattr(lm_train, "build_lm", too_large)
+    monkeypatch.setattr(Trainer, "_step", too_large)
     text = tmp_path / "t.txt"
     text.write_text("hello world\n" * 50, encoding="utf-8")
     result = CliRunner().invoke(cli, ["train", "lm", "--text", str(text), "--out", str(tmp_path / "run"),
-                                      "--no-progress"])
+                                      "--context", "8", "--no-progress"])
     assert result.exit_code == 2 and result.stderr.startswith(said) and result.stderr.count("\n") == 1
-    assert not (tmp_path / "run").exists()
+    assert not (tmp_path / "run").exists()  # a run that failed before its first checkpoint leaves nothing
 
 
 def test_a_runtime_error_that_is_not_about_memory_is_not_dressed_up_as_one(tmp_path, monkeypatch):

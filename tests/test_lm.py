@@ -149,7 +149,7 @@ def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):
     shutil.copytree(run[0], tmp_path / "copy", ignore=shutil.ignore_patterns("result.json"))
     shorter = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", tmp_path / "copy", "--resume",
                      "--steps", "40", "--no-progress")  # a length the checkpoint is already past
-    assert shorter.stderr == f"error: {tmp_path / 'copy'} has reached step 80, past --steps 40; resume with --steps 80 or more\n"
+    assert shorter.stderr == f"error: {tmp_path / 'copy'} has reached step 80, past the 40 steps it is given; resume with --steps 80 or more\n"
     result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", tmp_path / "copy", "--resume",
                     "--lr", "0.5", "--no-progress")
     assert result.exit_code == 0 and "ignored: lr=0.5 (the run has 0.01)" in result.stderr
@@ -327,18 +327,29 @@ def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_run_behind(tmp_p
     assert inf.exit_code == 2 and "finite" in inf.stderr and not (tmp_path / "inf").exists()
 
 
-def test_a_finished_run_can_be_lengthened_on_resume_and_says_its_schedule_changed(tmp_path, run):
+def test_a_finished_run_can_be_lengthened_on_resume_and_says_its_schedule_changed(tmp_path, run, monkeypatch):
     import shutil
+
+    from attnlab.training.engine import Trainer
 
     longer = tmp_path / "longer"
     shutil.copytree(run[0], longer)
     args = ("train", "lm", "--text", run[0].parent / "fox.txt", "--out", longer, "--resume", "--no-progress")
-    result = invoke(*args, "--steps", "100")
-    assert result.exit_code == 0, result.output
+    step = Trainer._step
+
+    def interrupted(self, micro):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "_step", interrupted)  # Ctrl-C at once: the new length is already the run's
+    first = invoke(*args, "--steps", "100")
+    assert first.exit_code == 130 and "ignored" not in first.stderr
     # cosine from 1e-2 to 1e-3 over 80 steps is at its end at step 80; over 100 steps it is not yet
     assert ("resume: the run now ends at step 100 instead of 80; its learning-rate schedule is re-planned over 100 "
-            "steps (at step 80: 0.001 -> 0.00186)") in result.stderr
-    assert "ignored" not in result.stderr
+            "steps (at step 80: 0.001 -> 0.00186)") in first.stderr
+    monkeypatch.setattr(Trainer, "_step", step)
+    assert json.loads((longer / "config.json").read_text())["lm"]["steps"] == 100
+    result = invoke(*args)  # a plain --resume goes on to it
+    assert result.exit_code == 0, result.output
     assert json.loads((longer / "result.json").read_text())["steps"] == 100
     assert json.loads((longer / "config.json").read_text())["lm"]["steps"] == 100
     steps = [json.loads(line)["step"] for line in (longer / "metrics.jsonl").read_text().splitlines()]

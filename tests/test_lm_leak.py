@@ -187,7 +187,7 @@ def test_an_interrupted_experiment_leaves_nothing_that_would_refuse_the_next_run
     import attnlab.tasks.leak as leak
 
     text = _letters(tmp_path / "t.txt")
-    out = tmp_path / "leak"
+    out = tmp_path / "leak" if existed else tmp_path / "new" / "deep" / "leak"  # parents it makes go too
     if existed:
         out.mkdir()
         (out / "notes.txt").write_text("mine")
@@ -201,7 +201,7 @@ def test_an_interrupted_experiment_leaves_nothing_that_would_refuse_the_next_run
     with pytest.raises(KeyboardInterrupt):
         run_leak_experiment(text, out, leak.LEAK_SETTINGS.with_overrides(steps=2), sample_tokens=5)
     assert checked and checked[0].endswith("check_models.py:causal")  # causal/ and check_models.py had been written
-    assert ({p.name for p in out.iterdir()} == {"notes.txt"}) if existed else not out.exists()
+    assert ({p.name for p in out.iterdir()} == {"notes.txt"}) if existed else not (tmp_path / "new").exists()
     monkeypatch.undo()
     again = _leak("--text", text, "--out", out, "--steps", "2", "--sample-tokens", "5")
     assert again.exit_code == 0, (again.output, again.exception)

@@ -319,7 +319,8 @@ def test_resume_continues_a_run_from_its_checkpoint(toy, tmp_path):
     shorter = CliRunner().invoke(cli, [str(a) for a in (
         "train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src", "xx", "--tgt",
         "yy", "--out", run, "--resume", "--max-steps", "200", "--no-progress")])
-    assert shorter.exit_code == 2 and "is at step 305, past max_steps 200; resume with at least 305" in shorter.stderr
+    assert shorter.exit_code == 2 and "has reached step 305, past the 200 steps it is given; resume with max_steps 305 or more" \
+        in shorter.stderr
     assert json.loads((run / "config.json").read_text())["train"]["max_steps"] == 305
     assert "ignored" not in result.stderr  # the same data and model flags as the run: nothing to ignore
     # Other data would give other batches: refused before anything changes, for either split.

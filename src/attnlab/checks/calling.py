@@ -139,7 +139,8 @@ class ModelUnderTest:
         if self.random_seed is None:
             yield
             return
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+        # manual_seed reseeds every GPU: fork all of them, so that the caller's streams are all given back.
+        with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []):
             torch.manual_seed(self.random_seed)
             yield
 

@@ -17,7 +17,8 @@ Inputs per seed, each row changed at every position after its cut and compared o
 * the short rows again in **train mode**, both calls starting torch's random streams from one seed, so
   that dropout draws the same masks: a branch taken only in training (dropout on, the causal mask
   forgotten there) must not pass. Skipped for a plain function, and for a model whose train mode is not
-  repeatable from torch's seed (it draws from another generator).
+  repeatable from torch's seed (it draws from another generator): checked once beforehand, and again before
+  any train-mode difference is called a leak.
 
 A decoder whose outputs do not follow the input's length (one per sequence, or a fixed number of
 positions) leaves nothing to compare position by position: that fails, since it cannot be checked, rather than
@@ -43,9 +44,17 @@ ALL_CUTS_UP_TO = 64
 LONG_CUTS, LONG_CUTS_PER_SEED = 32, 4
 
 
+class _Unrepeatable(Exception):
+    """Train mode gave one input two outputs under one seed: its randomness does not all come from torch."""
+
+
 def _cut_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int, width: int, cuts: list[int],
                tally: Tally, where: str = "") -> CheckResult | None:
-    """Rows of ``width``, row ``i`` changed after position ``cuts[i]``; a failure, or None."""
+    """Rows of ``width``, row ``i`` changed after position ``cuts[i]``; a failure, or None.
+
+    In train mode (``where`` set) a difference is first checked against the model's own noise: both inputs are
+    run twice more, and if either does not repeat its output, :class:`_Unrepeatable` is raised instead.
+    """
     contract = mut.contract
     ids = random_tokens(gen, contract, len(cuts), width)
     changed = ids.clone()
@@ -57,6 +66,9 @@ def _cut_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int, 
         diff = mut.compare(before[i, : r + 1], after[i, : r + 1])
         if not tally.judge(diff) or diff.same:
             continue
+        if where and not all(torch.equal(before, mut.outputs(ids, src)) and torch.equal(after, mut.outputs(changed, src))
+                             for _ in range(2)):
+            raise _Unrepeatable
         side = "target " if src is not None else ""
         evidence = {
             "seed": seed, "cut": r, "input": ids[i], "changed_input": changed[i], "batch": len(cuts),
@@ -121,9 +133,12 @@ def check_causal(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
                     untrained = ("" if train_mode else " (eval mode only: a plain function has no train mode)"
                                  if not switched else " (eval mode only: train mode is not repeatable from torch's seed)")
                 if train_mode:
-                    with mut.with_random_seed(seed):
-                        failed = _cut_trial(mut, gen, seed, done, width, list(range(width - 1)), tally,
-                                            " (train mode)")
+                    try:
+                        with mut.with_random_seed(seed):
+                            failed = _cut_trial(mut, gen, seed, done, width, list(range(width - 1)), tally,
+                                                " (train mode)")
+                    except _Unrepeatable:
+                        train_mode, untrained = False, " (eval mode only: train mode is not repeatable from torch's seed)"
         if failed is not None:
             return failed
     return tally.verdict(NAME, tol, len(seeds), "no output moved when later tokens changed" + untrained)

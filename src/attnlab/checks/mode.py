@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from torch import Tensor
 
 from attnlab.checks.calling import ModelUnderTest, mode
@@ -28,10 +27,8 @@ NAME = "mode"
 
 def _twice(mut: ModelUnderTest, ids: Tensor, src: Tensor | None, seed: int) -> Difference:
     outs = []
-    for rng_seed in (2 * seed, 2 * seed + 1):
-        # fork_rng restores the caller's RNG state afterwards (the CUDA one too when the model is there).
-        with torch.random.fork_rng(devices=[mut.device] if mut.device.type == "cuda" else []):
-            torch.manual_seed(rng_seed)
+    for rng_seed in (2 * seed, 2 * seed + 1):  # two random streams: dropout in train mode draws two masks
+        with mut.with_random_seed(rng_seed):
             outs.append(mut.outputs(ids, src))
     return mut.compare(*outs)
 

@@ -107,8 +107,7 @@ def _out_of_memory(err: BaseException) -> str | None:
         return None
     asked = re.search(r"allocate (\d+) bytes", text)
     size = f" ({int(asked.group(1)) / 1e9:,.1f} GB asked for)" if asked else ""
-    return (f"out of memory{size}: the model or a batch is too large for this machine; choose smaller sizes "
-            "(width, feed-forward width, layers, batch size, context)")
+    return f"out of memory{size}: the model or the work asked of it is too large for this machine's memory"
 
 
 def _stdout_reader_left() -> bool:

@@ -49,6 +49,7 @@ from attnlab.training.checkpoint import (
     load_weights,
     model_config,
     read_run_config,
+    refuse_shorter,
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
@@ -231,7 +232,7 @@ def build_tokenizer(texts: list[str], settings: ClassifySettings) -> tuple[WordT
 
 #: The settings each model kind does not read (``tiny`` is the seed's router, ``bow`` the bag of vectors).
 UNUSED_BY_MODEL = {
-    "tiny": ("wordllama", "ngrams", "ngrams_per_token", "layer_heads", "wide", "bow_hidden"),
+    "tiny": ("wordllama", "ngrams", "ngrams_per_token", "layer_heads", "wide", "bow_hidden", "glove_words"),
     "bow": ("layers", "heads", "d_ff", "positions", "layer_heads", "wide"),
     "transformer": ("bow_hidden",),
 }
@@ -245,16 +246,24 @@ def unused_options(settings: ClassifySettings, requested: dict[str, Any], valid_
         notes.append("--valid-fraction is for a run without --valid (it holds out part of --train); ignored")
     if settings.tokenizer == "word" and "bpe_vocab_size" in requested:
         notes.append("--bpe-vocab-size is for --tokenizer bpe; ignored")
+    for name in ("min_freq", "glove_words"):
+        if settings.tokenizer == "bpe" and name in requested and name not in said:
+            notes.append(f"--{name.replace('_', '-')} is for --tokenizer word; ignored")
     return notes
 
 
-def _refuse_shorter(out: Path, steps: int) -> int:
-    """The step the checkpoint in ``out`` has reached, refused if it is past ``steps``, the length asked for."""
-    reached = checkpoint_progress(out)[0]
-    if reached > steps:
-        raise AttnlabError(f"{out} has reached step {reached}, past the {steps} steps asked for; resume with "
-                           f"--steps {reached} or more")
-    return reached
+def _refuse_unlengthenable(out: Path, settings: ClassifySettings, steps: int | None) -> None:
+    """Refuse to give the run in ``out`` a new length (``steps``, or epochs: None) that it could not take: a
+    checkpoint already past it, early stopping that ended the run, or a time budget already spent."""
+    if steps is not None:
+        refuse_shorter(out, steps, "--steps")
+    reached, seconds, stopped_early = checkpoint_progress(out)
+    if stopped_early:
+        raise AttnlabError(f"{out} was ended by early stopping (--patience {settings.patience}) at step {reached}: it "
+                           "takes no further step; train a new run for longer")
+    if settings.max_seconds and seconds >= settings.max_seconds:
+        raise AttnlabError(f"{out} has spent its time budget, --max-seconds {settings.max_seconds:g} ({seconds:.1f} s "
+                           "trained); resume with a larger --max-seconds (0: no limit) as well")
 
 
 def build_classifier(tokenizer, trained: int, num_classes: int, settings: ClassifySettings,
@@ -437,11 +446,15 @@ def train_classifier(
     if resume:
         saved = read_run_config(out, TASK_NAME)
         settings = ClassifySettings(**{"wordllama": False, **saved["classify"]})  # older runs had GloVe only
-        # A new length (--steps, else --epochs) is taken, its schedule re-planned; the other settings are the run's.
+        # A new length (--steps, else --epochs) is taken, its schedule re-planned, and a new time budget; the other
+        # settings are the run's.
         length = {k: v for k, v in (requested or {}).items() if k in ("steps", "epochs") and v}
-        ignored = ignored_on_resume({k: v for k, v in (requested or {}).items() if k not in length}, asdict(settings))
-        if "steps" in length and has_checkpoint(out):  # said before the data is read (--epochs needs it)
-            _refuse_shorter(out, length["steps"])
+        budget = {k: v for k, v in (requested or {}).items() if k == "max_seconds"}
+        ignored = ignored_on_resume({k: v for k, v in (requested or {}).items() if k not in length | budget},
+                                    asdict(settings))
+        settings = replace(settings, **budget)
+        if length and has_checkpoint(out):  # said before the data is read
+            _refuse_unlengthenable(out, settings, length.get("steps"))
         if ignored:
             note(ignored)
         if saved["data"]["train_sha256"] != fingerprint(train_path):
@@ -496,11 +509,14 @@ def train_classifier(
     if saved is not None:
         planned = int(saved["train"]["max_steps"])  # as planned at the start, even if it was fitted to the time
         asked = length.get("steps") or length.get("epochs", 0) * per_epoch
-        if asked and asked != planned and has_checkpoint(out):
-            reached = _refuse_shorter(out, asked)
+        if asked and asked != planned:
             settings = replace(settings, steps=asked)
-            before, after = (settings.train_config(n, per_epoch, False).learning_rates() for n in (planned, asked))
-            note(length_changed(before, after, reached))
+            if resume:  # (a run with no checkpoint yet starts again from step 0, with its new length)
+                reached = refuse_shorter(out, asked, "--steps")
+                before, after = (settings.train_config(n, per_epoch, False).learning_rates() for n in (planned, asked))
+                note(length_changed(before, after, reached))
+            else:
+                note(f"resume: the run starts again with {asked} steps instead of {planned}")
             planned = asked
     elif settings.steps or settings.epochs:
         planned = settings.steps or settings.epochs * per_epoch
@@ -535,10 +551,12 @@ def train_classifier(
             "classify": asdict(settings),
             "train": config_dict(config),
         })
+    if saved is not None and main and (config.max_steps, config.max_seconds) != (
+            saved["train"]["max_steps"], saved["train"]["max_seconds"]):
+        # A new length or time budget, given now: a run interrupted from here on continues with a plain --resume.
+        write_run_config(out, {**saved, "classify": asdict(settings), "train": config_dict(config)})
     result = train_or_forget(model, task, config, Path(out), resume=resume, existed=existed,
                              task_files=[TOKENIZER_FILE])
-    if saved is not None and main and planned != int(saved["train"]["max_steps"]):  # the new length, once it ran
-        write_run_config(out, {**saved, "classify": asdict(settings), "train": config_dict(config)})
     load_weights(model, out / WEIGHTS)
     best = result.best
     total = len(data.valid)  # rows with unseen labels count as wrong: they cannot be predicted

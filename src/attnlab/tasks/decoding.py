@@ -53,15 +53,17 @@ class DecodeSettings:
     def __post_init__(self) -> None:
         if self.beam_size < 1:
             raise AttnlabError(f"beam size must be >= 1, got {self.beam_size}")
-        if self.max_len_a < 0 or self.max_len_a + self.max_len_b < 1:  # the shortest source is 1 id (its eos)
+        if self.max_len_a < 0 or self.max_len_a + min(self.max_len_b, 1) < 1:  # the shortest source is 1 id (its eos)
             raise AttnlabError(f"max length a * len + b must allow a token, got a={self.max_len_a}, b={self.max_len_b}")
 
 
 def max_lengths(src: Tensor, model: Transformer, a: float, b: int) -> Tensor:
     """(batch, src) ids -> (batch,) most tokens each sentence may generate, eos included."""
+    table = model.decoder.embed.max_positions
     real = (src != PAD_ID).sum(1).double()
-    # Clamped while still a float: a huge a or b would overflow int64 (to a negative limit, clamped to 1 token).
-    return torch.floor(real * a + float(b)).clamp(1, model.decoder.embed.max_positions).long()
+    # Clamped while still a float (and b before it becomes one): a huge a or b would overflow int64, to a negative
+    # limit clamped to 1 token, or not fit a float at all.
+    return torch.floor(real * a + float(min(b, table))).clamp(1, table).long()
 
 
 def _step_log_probs(

@@ -238,7 +238,9 @@ def run_leak_experiment(text: str | Path, out: str | Path, settings: LMSettings 
     no file. ``on_start`` is called once the checks have passed, before training (to print what will run).
     """
     data = check_leak_experiment(text, out, settings, sample_tokens=sample_tokens)
-    existed = Path(out).exists()
+    where = Path(out).absolute()
+    # The highest folder this run creates (--out and any missing parents), None when --out exists.
+    made = None if where.exists() else next(p for p in (where, *where.parents) if p.parent.exists())
     out = ensure_writable_dir(out)
     try:
         return _run(data, text, out, settings, sample_tokens, progress, on_start)
@@ -246,8 +248,13 @@ def run_leak_experiment(text: str | Path, out: str | Path, settings: LMSettings 
         for name in OUT_ENTRIES:  # none of them was there before (check_leak_experiment refuses that)
             path = out / name
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-        if not existed and not any(out.iterdir()):
-            out.rmdir()
+        if made is not None:  # the folders it made, from --out up to the highest, while they are empty
+            for folder in (where, *where.parents):
+                if any(folder.iterdir()):
+                    break
+                folder.rmdir()
+                if folder == made:
+                    break
         raise
 
 

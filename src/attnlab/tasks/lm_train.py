@@ -55,6 +55,7 @@ from attnlab.training.checkpoint import (
     load_weights,
     model_config,
     read_run_config,
+    refuse_shorter,
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
@@ -259,7 +260,7 @@ def _refuse_finished(out: Path, settings: LMSettings) -> None:
     """
     if not (out / RESULT_FILE).exists() or not has_checkpoint(out):
         return
-    steps, seconds = checkpoint_progress(out)
+    steps, seconds, _ = checkpoint_progress(out)
     if steps >= settings.steps:
         raise AttnlabError(f"{out} has finished its {steps} steps (its report is in {RESULT_FILE}); nothing to resume")
     if settings.max_seconds and seconds >= settings.max_seconds:
@@ -318,15 +319,15 @@ def train_language_model(
         if started_on is not None and data is None and started_on != fingerprint(text):
             raise AttnlabError(f"{text} is not the text this run started with ({run_config['data']['text']}); "
                                "resume needs the same text")
+        lengthened = settings.steps != before.steps and has_checkpoint(out)
+        reached = refuse_shorter(out, settings.steps, "--steps") if lengthened else 0
         _refuse_finished(Path(out), settings)
-        if settings.steps != before.steps and has_checkpoint(out):
-            reached = checkpoint_progress(out)[0]
-            if reached > settings.steps:
-                raise AttnlabError(f"{out} has reached step {reached}, past --steps {settings.steps}; resume with "
-                                   f"--steps {reached} or more")
-            if is_main_process():
-                print(length_changed(before.train_config(progress=False).learning_rates(),
-                                     settings.train_config(progress=False).learning_rates(), reached), file=sys.stderr)
+        if lengthened and is_main_process():
+            print(length_changed(before.train_config(progress=False).learning_rates(),
+                                 settings.train_config(progress=False).learning_rates(), reached), file=sys.stderr)
+            # The run is given its new length now: one interrupted from here on continues with a plain --resume.
+            write_run_config(out, {**run_config, "lm": asdict(settings),
+                                   "train": config_dict(settings.train_config(progress=False))})
         if not has_checkpoint(out):
             # Killed before its first checkpoint: start again from step 0 with the saved settings, which is
             # exactly what the uninterrupted run did (as the classifier does).

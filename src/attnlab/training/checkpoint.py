@@ -270,14 +270,25 @@ def has_checkpoint(run_dir: str | Path) -> bool:
     return (Path(run_dir) / CHECKPOINT / "trainer.json").is_file()
 
 
-def checkpoint_progress(run_dir: str | Path) -> tuple[int, float]:
-    """(step, training seconds) of ``RUN/checkpoint/``: how far the run had got when it was last saved."""
+def checkpoint_progress(run_dir: str | Path) -> tuple[int, float, bool]:
+    """(step, training seconds, stopped early) of ``RUN/checkpoint/``: how far the run had got when it was last
+    saved, and whether early stopping had ended it there."""
     path = Path(run_dir) / CHECKPOINT / "trainer.json"
     try:
         trainer = json.loads(path.read_text(encoding="utf-8"))["trainer"]
-        return int(trainer["step"]), float(trainer["elapsed"])
+        return int(trainer["step"]), float(trainer["elapsed"]), bool(trainer.get("stopped_early", False))
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         raise AttnlabError(f"checkpoint in {path.parent} is damaged: {err}") from err
+
+
+def refuse_shorter(run_dir: str | Path, steps: int, option: str) -> int:
+    """The step ``RUN/checkpoint/`` has reached, refused if it is past ``steps``, the length the run is given
+    (``option`` names the setting to raise)."""
+    reached = checkpoint_progress(run_dir)[0]
+    if reached > steps:
+        raise AttnlabError(f"{run_dir} has reached step {reached}, past the {steps} steps it is given; resume with "
+                           f"{option} {reached} or more")
+    return reached
 
 
 def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,

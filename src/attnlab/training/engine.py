@@ -49,6 +49,7 @@ from attnlab.training.checkpoint import (
     WEIGHTS,
     has_checkpoint,
     load_checkpoint,
+    refuse_shorter,
     rng_state,
     save_checkpoint,
     save_weights,
@@ -297,6 +298,7 @@ class Trainer:
         """Continue from ``out/checkpoint`` (weights, optimizer, RNG, counters)."""
         if not has_checkpoint(self.out):
             raise AttnlabError(f"nothing to resume in {self.out}: no checkpoint/ folder")
+        refuse_shorter(self.out, self.config.max_steps, "max_steps")  # it would take no step, and record a length
         self.state.update(load_checkpoint(self.out, self.model, self.optimizer, averaged=self.averaged,
                                           rank=self.place.rank))
         saved_world = self.state.get("world")  # None: written before checkpoints recorded it
@@ -309,9 +311,6 @@ class Trainer:
                   f"has {self.place.world}: each global batch is split otherwise and the random streams of processes "
                   "past the first start again from the first's, so the run goes on validly but not as the "
                   "uninterrupted one would have", file=sys.stderr)
-        if self.state["step"] > self.config.max_steps:  # it would take no step, and record a length it never had
-            raise AttnlabError(f"the checkpoint in {self.out} is at step {self.state['step']}, past max_steps "
-                               f"{self.config.max_steps}; resume with at least {self.state['step']}")
         self.checkpoint_step = self.state["step"]
         self._trim_metrics(self.state["step"])
 
