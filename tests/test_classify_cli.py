@@ -250,11 +250,14 @@ def test_bad_run_folders_are_one_line_and_exit_2(trained, tmp_path):
     assert json.loads((out / "result.json").read_text())["steps"] == 7
     saved = json.loads((out / "config.json").read_text())
     assert saved["train"]["max_steps"] == 7 and saved["classify"]["steps"] == 7
+    report = (out / "result.json").read_bytes()
     again = run("train", "classify", "--train", train, "--out", out, *SMALL, "--resume")  # the new length is kept
-    assert again.exit_code == 0 and json.loads((out / "result.json").read_text())["steps"] == 7
+    assert one_error_line(again) == (f"error: {out} has finished its 7 steps (its report is in result.json); nothing "
+                                     "to resume, unless with --steps more than 7 to take it further")
+    assert (out / "result.json").read_bytes() == report  # not redone
     assert one_error_line(run("train", "classify", "--train", train, "--out", out, *SMALL, "--steps", "3",
-                              "--resume")) == f"error: {out} has reached step 7, past the 3 steps it is given; resume " \
-                                             "with --steps 7 or more"
+                              "--resume")) == f"error: {out} has reached step 7, past the 3 steps it is given; to go on, " \
+                                             "resume with --steps more than 7"
     assert "validated on --valid-fraction 0.1 of the training file" in one_error_line(
         run("train", "classify", "--train", train, "--valid", data, "--out", out, *SMALL, "--resume"))
 
@@ -405,11 +408,13 @@ def test_lengthening_a_classify_run_on_resume_is_refused_when_it_could_not_go_on
     assert out_of("patient", "--steps", "60", "--patience", "1", "--eval-every", "1", "--max-seconds", "0").exit_code == 0
     assert json.loads((tmp_path / "patient" / "result.json").read_text())["stopped_by"] == "patience"
     said = one_error_line(out_of("patient", "--steps", "200", "--resume"))
-    assert said.startswith(f"error: {tmp_path / 'patient'} was ended by early stopping (--patience 1) at step ")
+    assert said.startswith(f"error: {tmp_path / 'patient'} was ended by early stopping at step ")
+    assert said.endswith("it takes no further step: train a new run for longer")
     # A spent time budget: refused unless the resume raises it too, which it may now.
     assert out_of("timed", "--steps", "2", "--max-seconds", "1e-9").exit_code == 0
     said = one_error_line(out_of("timed", "--steps", "5", "--resume"))
-    assert "has spent its time budget, --max-seconds 1e-09" in said and "resume with a larger --max-seconds" in said
+    assert "stopped at its time budget, --max-seconds 1e-09, after" in said and "resume with a larger --max-seconds" in said
+    assert one_error_line(out_of("timed", "--resume")) == said.replace("of 5 steps", "of 2 steps")  # plain resume too
     longer = out_of("timed", "--steps", "5", "--max-seconds", "0", "--resume")
     assert longer.exit_code == 0 and json.loads((tmp_path / "timed" / "result.json").read_text())["steps"] == 5
     # No checkpoint yet: the run starts again from step 0, with the new length.

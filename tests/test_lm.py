@@ -149,7 +149,7 @@ def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):
     shutil.copytree(run[0], tmp_path / "copy", ignore=shutil.ignore_patterns("result.json"))
     shorter = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", tmp_path / "copy", "--resume",
                      "--steps", "40", "--no-progress")  # a length the checkpoint is already past
-    assert shorter.stderr == f"error: {tmp_path / 'copy'} has reached step 80, past the 40 steps it is given; resume with --steps 80 or more\n"
+    assert shorter.stderr == f"error: {tmp_path / 'copy'} has reached step 80, past the 40 steps it is given; to go on, resume with --steps more than 80\n"
     result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", tmp_path / "copy", "--resume",
                     "--lr", "0.5", "--no-progress")
     assert result.exit_code == 0 and "ignored: lr=0.5 (the run has 0.01)" in result.stderr

@@ -168,7 +168,7 @@ def test_leak_refuses_an_out_holding_an_experiment_or_part_of_one_and_changes_no
     before = _snapshot(out)
     line = _one_error_line(_leak("--text", text, "--out", out, "--steps", "2", "--sample-tokens", "5"))
     assert line == (f"error: {out} already holds a leak experiment or part of one (causal/, leaky/, check_models.py, "
-                    f"leak.json, leak.png); choose another --out, or delete {out} to run it there again")
+                    f"leak.json, leak.png); choose another --out, or delete them from {out} to run it there again")
     assert "--resume" not in line  # the command has no --resume
     assert _snapshot(out) == before
     # What a run stopped after its first model leaves behind is refused the same way, and left as it is.
@@ -178,7 +178,7 @@ def test_leak_refuses_an_out_holding_an_experiment_or_part_of_one_and_changes_no
     before = _snapshot(partial)
     line = _one_error_line(_leak("--text", text, "--out", partial, "--steps", "2"))
     assert line == (f"error: {partial} already holds a leak experiment or part of one (causal/); "
-                    f"choose another --out, or delete {partial} to run it there again")
+                    f"choose another --out, or delete it from {partial} to run it there again")
     assert _snapshot(partial) == before
 
 

@@ -2,6 +2,7 @@
 
 import json
 import random
+import re
 import shutil
 
 import pytest
@@ -115,7 +116,8 @@ def test_an_output_that_would_replace_an_input_or_a_run_file_is_refused_before_a
     ref = tmp_path / "ref.yy"
     ref.write_text("red blue\n", encoding="utf-8")
     run = toy["run"]
-    kept = {name: (run / name).read_bytes() for name in ("config.json", "model.safetensors", "tokenizer.json")}
+    kept = {name: (run / name).read_bytes() for name in ("config.json", "model.safetensors", "tokenizer.json",
+                                                         "loss.png")}
     evaluate = ["eval", "translate", run, "--src-file", src, "--ref-file", ref, "--no-progress", "--hyp-out"]
     cases = [
         (evaluate + [src], f"error: --hyp-out {src} is the --src-file file this command reads"),
@@ -124,12 +126,16 @@ def test_an_output_that_would_replace_an_input_or_a_run_file_is_refused_before_a
         (["translate", run, "--input", src, "--output", src], f"error: --output {src} is the --input file"),
         (["translate", run, "ka", "--output", run / "model.safetensors"], "is a file of the run"),
         (["attention", run, "ka", "--out", run / "checkpoint" / "x.png"], "is a file of the run"),
+        (["attention", run, "ka", "--out", run / "loss.png"], "is a file of the run"),  # only training draws it
+        (evaluate + ["-"], "error: --hyp-out names a file; - (standard output) is not one here"),
     ]
     for args, said in cases:
         result = CliRunner().invoke(cli, [str(a) for a in args])
         assert result.exit_code == 2 and said in result.stderr and result.stderr.count("\n") == 1, result.output
     assert src.read_text(encoding="utf-8") == "ka lo\n" and ref.read_text(encoding="utf-8") == "red blue\n"
     assert {name: (run / name).read_bytes() for name in kept} == kept
+    piped = CliRunner().invoke(cli, [str(a) for a in ("translate", run, "--input", src, "--output", "-", "--beam", "1")])
+    assert piped.exit_code == 0 and piped.stdout == "red blue\n" and not (tmp_path / "-").exists()
     assert not (run / "checkpoint" / "x.png").exists()
     again = tmp_path / "hyp.txt"  # an output of the command's own may be written over
     for _ in range(2):
@@ -316,11 +322,12 @@ def test_resume_continues_a_run_from_its_checkpoint(toy, tmp_path):
     assert steps[-1] == 305 and steps == sorted(steps)
     # More steps than the run started with is allowed, but said aloud, and config.json records what was used.
     assert "resume: continuing with other training settings than before: max_steps 300 -> 305" in result.stderr
+    assert "resume: the run now ends at step 305 instead of 300; its learning-rate schedule is re-planned" in result.stderr
     shorter = CliRunner().invoke(cli, [str(a) for a in (
         "train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src", "xx", "--tgt",
         "yy", "--out", run, "--resume", "--max-steps", "200", "--no-progress")])
-    assert shorter.exit_code == 2 and "has reached step 305, past the 200 steps it is given; resume with max_steps 305 or more" \
-        in shorter.stderr
+    assert shorter.exit_code == 2 and "has reached step 305, past the 200 steps it is given; to go on, resume with --max-steps more " \
+        "than 305" in shorter.stderr
     assert json.loads((run / "config.json").read_text())["train"]["max_steps"] == 305
     assert "ignored" not in result.stderr  # the same data and model flags as the run: nothing to ignore
     # Other data would give other batches: refused before anything changes, for either split.
@@ -360,6 +367,7 @@ def test_resume_names_the_model_flags_it_ignores(toy, tmp_path):
 
     run = tmp_path / "resumed"
     shutil.copytree(toy["run"], run)
+    (run / "result.json").unlink()  # killed after its last checkpoint: the final evaluation is left to do
     small = [a if a != "32" else "64" for a in SMALL]  # --d-model 64 instead of the run's 32
     result = run_cli("train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src",
                      "xx", "--tgt", "yy", "--out", run, "--resume", "--max-steps", "300", "--eval-every", "150",
@@ -367,6 +375,7 @@ def test_resume_names_the_model_flags_it_ignores(toy, tmp_path):
     assert "ignored: d_model=64 (the run has 32)" in result.stderr
     assert json.loads((run / "config.json").read_text())["model"]["kwargs"]["d_model"] == 32
     # Structural flags too, though they are not model sizes: the output tying and the hidden leak switch.
+    (run / "result.json").unlink()
     again = run_cli("train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src",
                     "xx", "--tgt", "yy", "--out", run, "--resume", "--max-steps", "300", "--no-tie-output",
                     "--no-look-ahead-mask", "--no-progress")
@@ -401,12 +410,18 @@ def test_a_translation_run_the_time_budget_stopped_says_so_on_its_last_line(toy,
     import shutil
 
     run = tmp_path / "timed"
-    shutil.copytree(toy["run"], run)  # 300 steps done; the budget below is spent before the first new one
-    result = run_cli("train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src",
-                     "xx", "--tgt", "yy", "--out", run, "--resume", "--max-steps", "400", "--max-seconds", "0.5",
-                     "--no-progress")
-    assert result.stdout.strip().splitlines()[-1].startswith("300 steps (stopped by the --max-seconds time budget)")
+    shutil.copytree(toy["run"], run)  # 300 steps done; the budget below lets a few more run
+    spent = json.loads((run / "checkpoint" / "trainer.json").read_text())["trainer"]["elapsed"]
+    args = ["train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src", "xx",
+            "--tgt", "yy", "--out", run, "--resume", "--max-steps", "4000", "--no-progress"]
+    result = run_cli(*args, "--max-seconds", f"{spent + 0.3:.2f}")
+    last = result.stdout.strip().splitlines()[-1]
+    assert re.match(r"\d+ steps \(stopped by the --max-seconds time budget\)", last), last
     assert json.loads((run / "result.json").read_text())["out_of_time"] is True
+    # Its budget spent, a resume without a larger one is refused with the way on, and changes nothing.
+    refused = CliRunner().invoke(cli, [str(a) for a in args])
+    assert refused.exit_code == 2 and "stopped at its time budget, --max-seconds" in refused.stderr
+    assert "resume with a larger --max-seconds (0: no limit)" in refused.stderr
 
 
 def test_a_new_run_refuses_a_folder_that_holds_one_and_leaves_it_intact(toy):

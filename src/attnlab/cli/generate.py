@@ -120,4 +120,4 @@ def _generate(model: DecoderLM, tokenizer: Tokenizer, prompt: str, prompt_ids: l
     seconds = time.perf_counter() - started
     mode = "KV cache" if use_cache else "no cache"
     why = f", stopped at {stopped!r}" if stopped is not None else ""
-    click.echo(f"{count} tokens in {seconds:.2f} s ({count / max(seconds, 1e-9):,.0f} tokens/s, {mode}{why})", err=True)
+    click.echo(f"{count} token{'s' if count != 1 else ''} in {seconds:.2f} s ({count / max(seconds, 1e-9):,.0f} tokens/s, {mode}{why})", err=True)

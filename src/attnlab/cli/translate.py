@@ -67,7 +67,7 @@ def translate_with_progress(translator: Any, lines: list[str], settings: Any, pr
 @click.option("--input", "input_path", type=PathParam(path_type=Path), default=None,
               help="Translate this file, one sentence a line (.gz allowed; - reads standard input).")
 @click.option("--output", "output_path", type=PathParam(path_type=Path), default=None,
-              help="Write the translations here, one a line (written atomically). Default: stdout.")
+              help="Write the translations here, one a line (written atomically); - or none: stdout.")
 @decode_options
 @click.option("--progress/--no-progress", default=True, help="Progress bar in file mode.")
 def translate(run: Path, sentence: str | None, input_path: Path | None, output_path: Path | None, beam: int,
@@ -81,6 +81,8 @@ def translate(run: Path, sentence: str | None, input_path: Path | None, output_p
         raise AttnlabError("give either a SENTENCE or --input FILE")
     if sentence is not None and not sentence.strip():
         raise AttnlabError("the sentence is empty")
+    if output_path is not None and str(output_path) == "-":  # as --input -: the standard stream
+        output_path = None
     if output_path is not None:
         refuse_overwriting(output_path, "--output", run=run, reads=(("--input", input_path),))
     settings = decode_settings(beam, length_penalty, max_len_a, max_len_b, threads)
@@ -95,4 +97,4 @@ def translate(run: Path, sentence: str | None, input_path: Path | None, output_p
         click.echo(text, nl=False)
     else:
         write_text_atomic(output_path, text)
-        click.echo(f"wrote {len(hyps)} translations to {output_path}", err=True)
+        click.echo(f"wrote {len(hyps)} translation{'s' if len(hyps) != 1 else ''} to {output_path}", err=True)

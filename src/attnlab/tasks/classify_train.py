@@ -41,14 +41,15 @@ from attnlab.tasks.tables import Table, check_classes, fingerprint, read_table, 
 from attnlab.training import TrainConfig, Trainer, distributed, seed_everything
 from attnlab.training.checkpoint import (
     CONFIG,
+    RESULT,
     WEIGHTS,
     build_model,
-    checkpoint_progress,
     has_checkpoint,
     ignored_on_resume,
     load_weights,
     model_config,
     read_run_config,
+    refuse_ended,
     refuse_shorter,
     write_run_config,
 )
@@ -56,7 +57,7 @@ from attnlab.training.distributed import is_main_process
 from attnlab.training.engine import config_dict, to_device, train_or_forget
 from attnlab.training.schedules import length_changed
 
-TOKENIZER_FILE, RESULT_FILE = "tokenizer.json", "result.json"
+TOKENIZER_FILE, RESULT_FILE = "tokenizer.json", RESULT
 MODEL_KINDS = ("transformer", "tiny", "bow")
 
 
@@ -252,20 +253,6 @@ def unused_options(settings: ClassifySettings, requested: dict[str, Any], valid_
     return notes
 
 
-def _refuse_unlengthenable(out: Path, settings: ClassifySettings, steps: int | None) -> None:
-    """Refuse to give the run in ``out`` a new length (``steps``, or epochs: None) that it could not take: a
-    checkpoint already past it, early stopping that ended the run, or a time budget already spent."""
-    if steps is not None:
-        refuse_shorter(out, steps, "--steps")
-    reached, seconds, stopped_early = checkpoint_progress(out)
-    if stopped_early:
-        raise AttnlabError(f"{out} was ended by early stopping (--patience {settings.patience}) at step {reached}: it "
-                           "takes no further step; train a new run for longer")
-    if settings.max_seconds and seconds >= settings.max_seconds:
-        raise AttnlabError(f"{out} has spent its time budget, --max-seconds {settings.max_seconds:g} ({seconds:.1f} s "
-                           "trained); resume with a larger --max-seconds (0: no limit) as well")
-
-
 def build_classifier(tokenizer, trained: int, num_classes: int, settings: ClassifySettings,
                      train_ids: list[list[int]], on_note: Callable[[str], None] = print) -> nn.Module:
     """A freshly initialised model of ``settings`` (seeded), its feature tables filled from the training ids."""
@@ -453,8 +440,6 @@ def train_classifier(
         ignored = ignored_on_resume({k: v for k, v in (requested or {}).items() if k not in length | budget},
                                     asdict(settings))
         settings = replace(settings, **budget)
-        if length and has_checkpoint(out):  # said before the data is read
-            _refuse_unlengthenable(out, settings, length.get("steps"))
         if ignored:
             note(ignored)
         if saved["data"]["train_sha256"] != fingerprint(train_path):
@@ -464,6 +449,10 @@ def train_classifier(
             validated = (f"--valid {saved['data']['valid']}" if saved["data"]["valid"] else
                          f"--valid-fraction {saved['data']['valid_fraction']} of the training file")
             raise AttnlabError(f"this run was validated on {validated}; resume it with the same validation data")
+        if has_checkpoint(out) and "epochs" not in length:  # said before the data is read (epochs need it)
+            steps = length.get("steps", int(saved["train"]["max_steps"]))
+            refuse_shorter(out, steps, "--steps")
+            refuse_ended(out, steps=steps, max_seconds=settings.max_seconds, steps_option="--steps")
     elif (out / CONFIG).exists():  # every process checks, before the barrier below lets rank 0 write
         raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     settings.check()
@@ -513,6 +502,7 @@ def train_classifier(
             settings = replace(settings, steps=asked)
             if resume:  # (a run with no checkpoint yet starts again from step 0, with its new length)
                 reached = refuse_shorter(out, asked, "--steps")
+                refuse_ended(out, steps=asked, max_seconds=settings.max_seconds, steps_option="--steps")
                 before, after = (settings.train_config(n, per_epoch, False).learning_rates() for n in (planned, asked))
                 note(length_changed(before, after, reached))
             else:

@@ -214,7 +214,8 @@ def check_leak_experiment(text: str | Path, out: str | Path, settings: LMSetting
         found = [name + ("/" if (out / name).is_dir() else "") for name in OUT_ENTRIES if (out / name).exists()]
         if found:
             raise AttnlabError(f"{out} already holds a leak experiment or part of one ({', '.join(found)}); "
-                               f"choose another --out, or delete {out} to run it there again")
+                               f"choose another --out, or delete {'it' if len(found) == 1 else 'them'} from {out} to run "
+                               "it there again")
     data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction,
                         bpe_vocab_size=settings.bpe_vocab_size)
     distinct = data.tokenizer.vocab_size - 1  # the padding id is no character

@@ -34,11 +34,12 @@ from attnlab.data.tokenizers import BPETokenizer, CharTokenizer
 from attnlab.errors import AttnlabError
 from attnlab.files import decode_utf8
 from attnlab.training import Batch
+from attnlab.training.checkpoint import RESULT
 from attnlab.training.distributed import Place
 
 TASK_NAME = "lm"
 TOKENIZER_FILE = "tokenizer.json"
-RESULT_FILE = "result.json"
+RESULT_FILE = RESULT
 
 
 @dataclass

@@ -49,12 +49,12 @@ from attnlab.training import TrainConfig, distributed, seed_everything
 from attnlab.training.checkpoint import (
     CONFIG,
     WEIGHTS,
-    checkpoint_progress,
     has_checkpoint,
     ignored_on_resume,
     load_weights,
     model_config,
     read_run_config,
+    refuse_ended,
     refuse_shorter,
     write_run_config,
 )
@@ -251,23 +251,6 @@ def _notes(settings: LMSettings, data: LMData, requested: dict[str, Any]) -> lis
     return notes
 
 
-def _refuse_finished(out: Path, settings: LMSettings) -> None:
-    """A resume of a run that has ended is refused with what ended it, instead of redoing its final evaluation.
-
-    A run has ended when it wrote its report and its checkpoint had reached the last step or spent the time
-    budget; the checkpoint, not the report, says how far it got (a later resume may have gone further before
-    it was interrupted, leaving the report of the earlier stop).
-    """
-    if not (out / RESULT_FILE).exists() or not has_checkpoint(out):
-        return
-    steps, seconds, _ = checkpoint_progress(out)
-    if steps >= settings.steps:
-        raise AttnlabError(f"{out} has finished its {steps} steps (its report is in {RESULT_FILE}); nothing to resume")
-    if settings.max_seconds and seconds >= settings.max_seconds:
-        raise AttnlabError(f"{out} stopped at its time budget, --max-seconds {settings.max_seconds:g}, after {steps} of "
-                           f"{settings.steps} steps ({seconds:.1f} s); resume with a larger --max-seconds (0: no limit)")
-
-
 def train_language_model(
     text: str | Path,
     out: str | Path,
@@ -321,7 +304,7 @@ def train_language_model(
                                "resume needs the same text")
         lengthened = settings.steps != before.steps and has_checkpoint(out)
         reached = refuse_shorter(out, settings.steps, "--steps") if lengthened else 0
-        _refuse_finished(Path(out), settings)
+        refuse_ended(out, steps=settings.steps, max_seconds=settings.max_seconds, steps_option="--steps")
         if lengthened and is_main_process():
             print(length_changed(before.train_config(progress=False).learning_rates(),
                                  settings.train_config(progress=False).learning_rates(), reached), file=sys.stderr)

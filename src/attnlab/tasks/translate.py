@@ -47,20 +47,23 @@ from attnlab.tasks.parallel_data import (
 from attnlab.training import Batch, TrainConfig, TrainResult, distributed, seed_everything
 from attnlab.training.checkpoint import (
     CONFIG,
+    RESULT,
     has_checkpoint,
     ignored_on_resume,
     load_run,
     model_config,
     read_run_config,
+    refuse_ended,
+    refuse_shorter,
     register_model,
     write_run_config,
 )
 from attnlab.training.checkpoint import build_model as rebuild_model
 from attnlab.training.distributed import Place, is_main_process, shard
 from attnlab.training.engine import config_dict, train_or_forget
+from attnlab.training.schedules import length_changed
 
 TASK = "translate"
-RESULT = "result.json"  # the finished run's summary (steps, time, throughput, best validation scores)
 
 #: The benchmark recipe (bench/multi30k.sh), also the defaults of ``attnlab train translate``.
 RECIPE_MODEL: dict[str, Any] = dict(
@@ -294,7 +297,7 @@ def _same_data(saved: dict[str, str], **given: str | Path) -> None:
                                "resume needs the same data")
 
 
-def _resumed_config(run_cfg: dict[str, Any], saved: TranslateSettings, requested: dict[str, Any],
+def _resumed_config(out: Path, run_cfg: dict[str, Any], saved: TranslateSettings, requested: dict[str, Any],
                     config: TrainConfig, log: Callable[[str], None]) -> TrainConfig:
     """The engine settings a resumed run continues with, saying aloud what differs from how it started.
 
@@ -313,13 +316,19 @@ def _resumed_config(run_cfg: dict[str, Any], saved: TranslateSettings, requested
     # (where it runs and how, device, compile and the progress bar, are this process's, not the run's)
     engine = {f.name for f in fields(TrainConfig)} - {"seed", "progress", "device", "compile"}
     kept = {k: tuple(v) if isinstance(v, list) else v for k, v in started.items() if k in engine | {"seed"}}
-    resumed = replace(config, **{**kept, **{k: v for k, v in requested.items() if k in engine}})
+    before = replace(config, **kept)
+    resumed = replace(before, **{k: v for k, v in requested.items() if k in engine})
+    resumed.validate()
+    if has_checkpoint(out):  # said before anything else: a length the run is past, or a run that has ended
+        reached = refuse_shorter(out, resumed.max_steps, "--max-steps")
+        refuse_ended(out, steps=resumed.max_steps, max_seconds=resumed.max_seconds, steps_option="--max-steps")
     now = json.loads(json.dumps(config_dict(resumed)))  # as config.json holds it (tuples become lists)
     changed = {k: v for k, v in now.items() if k in engine and k in started and started[k] != v}
     if changed:
         log("resume: continuing with other training settings than before: "
             + ", ".join(f"{k} {started[k]!r} -> {v!r}" for k, v in sorted(changed.items())))
-    resumed.validate()
+    if resumed.max_steps != before.max_steps and has_checkpoint(out):
+        log(length_changed(before.learning_rates(), resumed.learning_rates(), reached))
     return resumed
 
 
@@ -359,7 +368,7 @@ def train_translation(
         if requested is None:
             requested = ({k: v for k, v in asdict(settings).items() if k != "tokenizers"} | (model_kwargs or {})
                          | config_dict(config))
-        config = _resumed_config(run_cfg, saved, requested, config, log)
+        config = _resumed_config(out, run_cfg, saved, requested, config, log)
         settings = saved
         saved_model = run_cfg["model"]["kwargs"]
         model_kwargs = {k: saved_model[k] for k in ("max_src_positions", "max_tgt_positions")}

@@ -68,18 +68,23 @@ AVERAGED = "averaged.safetensors"  # in CHECKPOINT/, when training keeps a movin
 #: What a run folder holds that its commands read back: settings, weights, tokenizers (JSON), the metrics
 #: log and the resume checkpoint. A file a command writes on request may go beside them, never over them.
 RUN_OWNED_SUFFIXES = (".json", ".jsonl", ".safetensors")
+#: ... and the training curve, which nothing but training can draw again.
+RUN_OWNED_NAMES = ("loss.png",)
 
 
 def refuse_overwriting(path: str | Path, option: str, *, run: str | Path,
                        reads: tuple[tuple[str, str | Path | None], ...] = ()) -> None:
     """Refuse ``path`` as the output of ``option`` when writing it would destroy what the command or the run
     needs: a file the command reads (``reads``: (option, path) pairs; ``-`` is standard input) or a file that
-    the run folder ``run`` holds for itself (its settings, weights, tokenizers, metrics, checkpoint).
+    the run folder ``run`` holds for itself (its settings, weights, tokenizers, metrics, loss plot, checkpoint),
+    or ``-``, which the commands that write a file do not take for standard output.
 
     Raises:
         AttnlabError: naming the option and what the file is.
     """
     out = Path(path)
+    if str(out) == "-":
+        raise AttnlabError(f"{option} names a file; - (standard output) is not one here")
     for name, source in reads:
         if source is None or str(source) == "-" or not out.exists() or not Path(source).exists():
             continue
@@ -91,10 +96,10 @@ def refuse_overwriting(path: str | Path, option: str, *, run: str | Path,
     if run_dir not in target.parents:
         return
     inside = target.relative_to(run_dir)
-    if inside.parts[0] == CHECKPOINT or (len(inside.parts) == 1 and target.suffix in RUN_OWNED_SUFFIXES
-                                         and target.exists()):
+    if inside.parts[0] == CHECKPOINT or (len(inside.parts) == 1 and target.exists()
+                                         and (target.suffix in RUN_OWNED_SUFFIXES or target.name in RUN_OWNED_NAMES)):
         raise AttnlabError(f"{option} {out} is a file of the run {run} itself (its settings, weights, tokenizer, "
-                           "metrics or checkpoint); writing there would break the run: choose another name")
+                           "metrics, loss plot or checkpoint); writing there would break the run: choose another name")
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -286,9 +291,36 @@ def refuse_shorter(run_dir: str | Path, steps: int, option: str) -> int:
     (``option`` names the setting to raise)."""
     reached = checkpoint_progress(run_dir)[0]
     if reached > steps:
-        raise AttnlabError(f"{run_dir} has reached step {reached}, past the {steps} steps it is given; resume with "
-                           f"{option} {reached} or more")
+        raise AttnlabError(f"{run_dir} has reached step {reached}, past the {steps} steps it is given; to go on, "
+                           f"resume with {option} more than {reached}")
     return reached
+
+
+#: The report a finished run writes in its folder (every task names it so).
+RESULT = "result.json"
+
+
+def refuse_ended(run_dir: str | Path, *, steps: int, max_seconds: float, steps_option: str) -> None:
+    """Refuse to resume a run that has ended, saying what ended it and how it could go on, instead of redoing its
+    final evaluation and report (and taking no step).
+
+    A run has ended when it wrote its report and its checkpoint reached its last step (``steps``), was ended by
+    early stopping, or spent its time budget (``max_seconds``, 0: none). The checkpoint, not the report, says how
+    far it got: a later resume may have gone further before it was interrupted, leaving the earlier report.
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / RESULT).exists() or not has_checkpoint(run_dir):
+        return
+    reached, seconds, stopped_early = checkpoint_progress(run_dir)
+    if reached >= steps:
+        raise AttnlabError(f"{run_dir} has finished its {reached} steps (its report is in {RESULT}); nothing to "
+                           f"resume, unless with {steps_option} more than {reached} to take it further")
+    if stopped_early:
+        raise AttnlabError(f"{run_dir} was ended by early stopping at step {reached} (its report is in {RESULT}); it "
+                           "takes no further step: train a new run for longer")
+    if max_seconds and seconds >= max_seconds:
+        raise AttnlabError(f"{run_dir} stopped at its time budget, --max-seconds {max_seconds:g}, after {reached} of "
+                           f"{steps} steps ({seconds:.1f} s); resume with a larger --max-seconds (0: no limit)")
 
 
 def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,
