@@ -5,6 +5,7 @@ import stat
 
 import pytest
 
+from attnlab.errors import AttnlabError
 from attnlab.files import atomic_dir, atomic_path, write_text_atomic
 
 
@@ -114,3 +115,15 @@ def test_temporaries_abandoned_by_a_killed_writer_are_removed_by_the_next_write(
         (tmp / "a.txt").write_text("a")
     assert not abandoned.exists() and mine.exists() and (tmp_path / "checkpoint" / "a.txt").read_text() == "a"
     assert other.exists() and odd.exists()
+
+
+def test_a_folder_that_refuses_new_files_is_named_by_the_path_given_not_the_temporary_one(tmp_path, monkeypatch):
+    import errno
+    import tempfile
+
+    def refused(*args, **kwargs):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(tmp_path / ".out.txt.123.tmp"))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)  # as /proc does
+    with pytest.raises(AttnlabError, match=r"^cannot write .*out\.txt: No such file or directory$"):
+        write_text_atomic(tmp_path / "out.txt", "x")

@@ -134,7 +134,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     ensure_writable_dir(path.parent)
     mode = path.stat().st_mode & 0o7777 if path.is_file() else 0o666 & ~_umask()
     _remove_abandoned(path)
-    fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
+    except OSError as err:  # said by the name given, not the temporary one's (a folder such as /proc refuses files)
+        raise AttnlabError(f"cannot write {path}: {err.strerror}") from err
     os.close(fd)
     tmp_path = Path(tmp)
     try:
