@@ -77,6 +77,9 @@ def test_generation_stops_at_the_first_stop_text_it_writes(run):
     assert inside.stdout == "the quick brown fox jumps over the lazy dog.\nthe quick\n"
     never = invoke(*args, "--stop", "zebra")
     assert never.stdout == invoke(*args).stdout and "stopped" not in never.stderr
+    assert "note:" not in never.stderr  # every character of it is one the model writes
+    unwritable = invoke(*args, "--stop", "Qx!")
+    assert "note: --stop 'Qx!' holds '!', 'Q', which this model never writes: it cannot stop there" in unwritable.stderr
     empty = invoke(*args, "--stop", "")
     assert empty.exit_code == 2 and empty.stderr == "error: --stop is empty: give the text to stop at\n"
 
@@ -168,7 +171,8 @@ def test_ctrl_c_says_which_checkpoint_is_kept_and_how_to_continue(tmp_path, monk
     step = Trainer._step
     for stop_after, said in ((50, "the checkpoint of step 40 is kept in {out}/checkpoint; continue with the same "
                                   "command and --resume\n\ninterrupted\n"),
-                             (10, "no checkpoint yet: the same command with --resume starts {out} again from step 0\n"
+                             (10, "no checkpoint yet: the same command with --resume starts {out} again from step 0 "
+                                  "(--checkpoint-every N saves one every N steps)\n"
                                   "\ninterrupted\n")):  # (the blank line is Click's, after Ctrl-C's ^C)
         calls = []
 

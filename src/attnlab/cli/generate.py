@@ -58,6 +58,14 @@ def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float
         prompt_ids = tokenizer.encode(prompt)
         if not prompt_ids:
             raise AttnlabError(f"--prompt {prompt!r} encodes to no tokens; give some text the model knows")
+        if isinstance(tokenizer, CharTokenizer):  # a stop text the model cannot write would never end a sample
+            for stop in stops:
+                missing = sorted(set(stop) - set(tokenizer.chars))
+                if missing:
+                    click.echo(f"note: --stop {stop!r} holds {', '.join(map(repr, missing))}, which this model never "
+                               "writes: it cannot stop there", err=True)
+        if greedy and num_samples > 1:
+            click.echo("note: --greedy takes the most likely token every time: the samples are all the same", err=True)
         unknown = prompt_ids.count(UNK_ID)  # only a subword vocabulary lets one through (the char one refuses it)
         if unknown:
             click.echo(f"note: {unknown} piece{'s' if unknown != 1 else ''} of the prompt "

@@ -40,8 +40,8 @@ def says_how_to_continue(command: Callable[..., Any]) -> Callable[..., Any]:
                 click.echo(f"the checkpoint of step {checkpoint_progress(out)[0]} is kept in {out / 'checkpoint'}; "
                            "continue with the same command and --resume", err=True)
             elif is_main_process() and (out / CONFIG).exists():
-                click.echo(f"no checkpoint yet: the same command with --resume starts {out} again from step 0",
-                           err=True)
+                click.echo(f"no checkpoint yet: the same command with --resume starts {out} again from step 0 "
+                           "(--checkpoint-every N saves one every N steps)", err=True)
             raise
 
     return wrapped

@@ -44,6 +44,7 @@ from attnlab.training.checkpoint import (
     RESULT,
     WEIGHTS,
     build_model,
+    checkpoint_progress,
     has_checkpoint,
     ignored_on_resume,
     load_weights,
@@ -498,13 +499,14 @@ def train_classifier(
     if saved is not None:
         planned = int(saved["train"]["max_steps"])  # as planned at the start, even if it was fitted to the time
         asked = length.get("steps") or length.get("epochs", 0) * per_epoch
+        if resume and "epochs" in length:  # the check before the data had no length in steps to judge by
+            refuse_shorter(out, asked, "--steps")
+            refuse_ended(out, steps=asked, max_seconds=settings.max_seconds, steps_option="--steps")
         if asked and asked != planned:
             settings = replace(settings, steps=asked)
             if resume:  # (a run with no checkpoint yet starts again from step 0, with its new length)
-                reached = refuse_shorter(out, asked, "--steps")
-                refuse_ended(out, steps=asked, max_seconds=settings.max_seconds, steps_option="--steps")
                 before, after = (settings.train_config(n, per_epoch, False).learning_rates() for n in (planned, asked))
-                note(length_changed(before, after, reached))
+                note(length_changed(before, after, checkpoint_progress(out)[0]))
             else:
                 note(f"resume: the run starts again with {asked} steps instead of {planned}")
             planned = asked
@@ -541,12 +543,15 @@ def train_classifier(
             "classify": asdict(settings),
             "train": config_dict(config),
         })
-    if saved is not None and main and (config.max_steps, config.max_seconds) != (
-            saved["train"]["max_steps"], saved["train"]["max_seconds"]):
-        # A new length or time budget, given now: a run interrupted from here on continues with a plain --resume.
-        write_run_config(out, {**saved, "classify": asdict(settings), "train": config_dict(config)})
+    def record() -> None:  # a new length or time budget, once the checkpoint has loaded: an interrupted
+        if main and (config.max_steps, config.max_seconds) != (  # lengthening goes on with a plain --resume
+                saved["train"]["max_steps"], saved["train"]["max_seconds"]):
+            write_run_config(out, {**saved, "classify": asdict(settings), "train": config_dict(config)})
+
+    if saved is not None and not resume:  # no checkpoint to load: it starts again from step 0 with what it now is
+        record()
     result = train_or_forget(model, task, config, Path(out), resume=resume, existed=existed,
-                             task_files=[TOKENIZER_FILE])
+                             task_files=[TOKENIZER_FILE], on_resumed=record if saved is not None else None)
     load_weights(model, out / WEIGHTS)
     best = result.best
     total = len(data.valid)  # rows with unseen labels count as wrong: they cannot be predicted

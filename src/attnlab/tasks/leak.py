@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -245,7 +246,9 @@ def run_leak_experiment(text: str | Path, out: str | Path, settings: LMSettings 
     out = ensure_writable_dir(out)
     try:
         return _run(data, text, out, settings, sample_tokens, progress, on_start)
-    except BaseException:  # Ctrl-C or a failure: leave no part of an experiment that would refuse the next run
+    except BaseException as err:  # Ctrl-C or a failure: leave no part of an experiment that would refuse the next run
+        if isinstance(err, KeyboardInterrupt):
+            print(f"what the experiment had written in {out} is removed: the same command runs it again", file=sys.stderr)
         for name in OUT_ENTRIES:  # none of them was there before (check_leak_experiment refuses that)
             path = out / name
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)

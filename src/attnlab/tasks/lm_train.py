@@ -308,9 +308,6 @@ def train_language_model(
         if lengthened and is_main_process():
             print(length_changed(before.train_config(progress=False).learning_rates(),
                                  settings.train_config(progress=False).learning_rates(), reached), file=sys.stderr)
-            # The run is given its new length now: one interrupted from here on continues with a plain --resume.
-            write_run_config(out, {**run_config, "lm": asdict(settings),
-                                   "train": config_dict(settings.train_config(progress=False))})
         if not has_checkpoint(out):
             # Killed before its first checkpoint: start again from step 0 with the saved settings, which is
             # exactly what the uninterrupted run did (as the classifier does).
@@ -357,8 +354,12 @@ def train_language_model(
         }
         if not resume and main:  # a resume records its settings (a new time budget) once it has run: a failed one changes nothing
             write_run_config(out, run_config)
+        def record() -> None:  # once the checkpoint has loaded: an interrupted lengthening goes on with a plain
+            if main:  # --resume, and a resume that fails before changes nothing
+                write_run_config(out, run_config)
+
         result = train_or_forget(model, task, config, out, resume=resume, existed=existed,
-                                 task_files=[TOKENIZER_FILE])
+                                 task_files=[TOKENIZER_FILE], on_resumed=record)
         if resume and main:
             write_run_config(out, run_config)
         load_weights(model, out / WEIGHTS)  # the kept (best) weights: what generate will use

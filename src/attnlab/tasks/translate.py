@@ -413,9 +413,14 @@ def train_translation(
     task = TranslationTask(train_pairs, valid_pairs, valid_sources, valid_ref, tgt_tok, settings, seed=config.seed)
     log(f"{len(train_pairs)} training pairs, {len(valid_pairs)} validation pairs; model {type(model).__name__} "
         f"with {model.num_parameters():,} parameters")
+    def record() -> None:  # what the run now is, once its checkpoint has loaded: an interrupted lengthening goes on
+        if main:  # with a plain --resume, and a resume that fails before changes nothing
+            write_run_config(out, {**run_cfg, "train": config_dict(config)})
+
     result = train_or_forget(model, task, config, out, resume=resume and not restart,
-                             existed=existed, task_files=set(settings.tokenizers.values()))
-    if resume and main:  # what the run continued with; not before: a resume that fails changes nothing
+                             existed=existed, task_files=set(settings.tokenizers.values()),
+                             on_resumed=record if resume else None)
+    if resume and main:  # what the run continued with (its other engine settings once it has run with them)
         write_run_config(out, {**run_cfg, "train": config_dict(config)})
     if main:
         write_json_atomic(out / RESULT, {"steps": result.steps, "seconds": round(result.elapsed, 1),

@@ -122,7 +122,9 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
 def _load_into(model: nn.Module, path: Path) -> None:
     """Load ``path`` into exactly this module (no unwrapping: an ``AveragedModel`` keeps its counter)."""
     if not path.is_file():
-        raise AttnlabError(f"no weights file {path}")
+        hint = (" (the run stopped before its first checkpoint: train it with --resume)"
+                if path.name == WEIGHTS and (path.parent / CONFIG).is_file() else "")
+        raise AttnlabError(f"no weights file {path}{hint}")
     try:
         missing, unexpected = load_model(model, str(path), strict=False)
     except (SafetensorError, OSError, RuntimeError, ValueError) as err:

@@ -31,7 +31,7 @@ import math
 import numbers
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -405,14 +405,20 @@ class Trainer:
             stop = bool(patience and self.state["evals_without_improvement"] >= patience)
         return distributed.broadcast_flag(stop, self.place)
 
-    def fit(self, resume: bool = False) -> TrainResult:
-        """Train until ``max_steps``, the time budget or early stopping; return the summary."""
+    def fit(self, resume: bool = False, on_resumed: Callable[[], None] | None = None) -> TrainResult:
+        """Train until ``max_steps``, the time budget or early stopping; return the summary.
+
+        ``on_resumed`` is called once the checkpoint has loaded, before the first step (a task records there
+        what the resumed run now is: a resume that fails earlier changes nothing).
+        """
         cfg = self.config
         if cfg.bf16 and self.place.is_main and not has_fast_bf16(self.place.device):
             print(f"note: this {self.place.device.type.upper()} has no native bfloat16 arithmetic; bf16 autocast "
                   "will run slower than float32 here", file=sys.stderr)
         if resume:
             self.resume()
+            if on_resumed is not None:
+                on_resumed()
         elif self.place.is_main:
             self.metrics_path.unlink(missing_ok=True)
         bar = None
@@ -489,17 +495,18 @@ class Trainer:
         distributed.teardown(self.place)
 
 
-def run_training(model: nn.Module, task: Task, config: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainResult:
-    """Build a :class:`Trainer`, run it, and leave the process group whatever happens."""
+def run_training(model: nn.Module, task: Task, config: TrainConfig, out: str | Path, *, resume: bool = False,
+                 on_resumed: Callable[[], None] | None = None) -> TrainResult:
+    """Build a :class:`Trainer`, run it (see :meth:`Trainer.fit`), and leave the process group whatever happens."""
     trainer = Trainer(model, task, config, out)
     try:
-        return trainer.fit(resume=resume)
+        return trainer.fit(resume=resume, on_resumed=on_resumed)
     finally:
         trainer.close()
 
 
 def train_or_forget(model: nn.Module, task: Task, config: TrainConfig, out: Path, *, resume: bool, existed: bool,
-                    task_files: Iterable[str]) -> TrainResult:
+                    task_files: Iterable[str], on_resumed: Callable[[], None] | None = None) -> TrainResult:
     """:func:`run_training`; if it fails before its first checkpoint, the run's own files go with it.
 
     Nothing of such a run can be resumed, and its ``config.json`` would make the folder refuse a new run while
@@ -508,7 +515,7 @@ def train_or_forget(model: nn.Module, task: Task, config: TrainConfig, out: Path
     (``existed`` False) and nothing else is in it. Ctrl-C is not a failure: a resume restarts such a run.
     """
     try:
-        return run_training(model, task, config, out, resume=resume)
+        return run_training(model, task, config, out, resume=resume, on_resumed=on_resumed)
     except Exception:
         if not has_checkpoint(out) and distributed.is_main_process():
             for name in (CONFIG, WEIGHTS, METRICS_FILE, LOSS_PLOT, *task_files):
