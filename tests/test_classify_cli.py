@@ -409,7 +409,10 @@ def test_lengthening_a_classify_run_on_resume_is_refused_when_it_could_not_go_on
     assert json.loads((tmp_path / "patient" / "result.json").read_text())["stopped_by"] == "patience"
     said = one_error_line(out_of("patient", "--steps", "200", "--resume"))
     assert said.startswith(f"error: {tmp_path / 'patient'} was ended by early stopping at step ")
-    assert said.endswith("it takes no further step: train a new run for longer")
+    assert said.endswith("it takes no further step; train a new run with a larger --patience (0: none)")
+    (tmp_path / "patient" / "result.json").unlink()  # killed before its report: still no step to take
+    assert "was ended by early stopping" in one_error_line(out_of("patient", "--steps", "200", "--resume"))
+    assert out_of("patient", "--resume").exit_code == 0  # a plain resume writes the missing report
     # A spent time budget: refused unless the resume raises it too, which it may now.
     assert out_of("timed", "--steps", "2", "--max-seconds", "1e-9").exit_code == 0
     said = one_error_line(out_of("timed", "--steps", "5", "--resume"))

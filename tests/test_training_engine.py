@@ -452,3 +452,18 @@ def test_bf16_on_hardware_without_bfloat16_units_gets_a_note(fast, tmp_path, mon
             tmp_path / "run2").fit()
     assert "bfloat16" not in capsys.readouterr().err  # float32 runs say nothing
 
+
+
+def test_a_new_length_is_said_as_a_re_planned_rate_only_where_the_length_enters_the_rate():
+    from attnlab.training.schedules import Schedule, length_changed
+
+    cosine = length_changed(Schedule("cosine", 1e-3, 10, 100, 1e-4), Schedule("cosine", 1e-3, 10, 200, 1e-4), 100)
+    assert cosine == ("resume: the run now ends at step 200 instead of 100; its learning-rate schedule is re-planned "
+                      "over 200 steps (at step 100: 0.0001 -> 0.00058), so it is not the run a fresh one of 200 steps "
+                      "would make")
+    for kind in ("inverse_sqrt", "constant"):
+        before, after = Schedule(kind, 1e-3, 10, 100), Schedule(kind, 1e-3, 10, 200)
+        assert all(before(s) == after(s) for s in range(300))  # the length does not enter the rate
+        assert length_changed(before, after, 100).endswith(
+            f"its {kind} learning-rate schedule does not depend on the length, so it goes on as a fresh run of 200 "
+            "steps would")

@@ -24,24 +24,31 @@ def train() -> None:
     """Train a model. Runs unchanged under `torchrun --nproc_per_node N -m attnlab.cli.main train ...` (DDP)."""
 
 
-def says_how_to_continue(command: Callable[..., Any]) -> Callable[..., Any]:
+def says_how_to_continue(saves_more: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Wrap a train command so that Ctrl-C (or ``kill``) says, before ``interrupted``, what its ``out`` folder
-    kept and how to continue it, as a long training run's user needs to know."""
-    @functools.wraps(command)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except KeyboardInterrupt:
-            from attnlab.training.checkpoint import CONFIG, checkpoint_progress, has_checkpoint
-            from attnlab.training.distributed import is_main_process
+    kept and how to continue it, as a long training run's user needs to know; ``saves_more`` says how the
+    command checkpoints more often."""
+    def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(command)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return command(*args, **kwargs)
+            except KeyboardInterrupt:
+                _say_what_is_kept(Path(kwargs["out"]), saves_more)
+                raise
 
-            out = Path(kwargs["out"])
-            if is_main_process() and has_checkpoint(out):
-                click.echo(f"the checkpoint of step {checkpoint_progress(out)[0]} is kept in {out / 'checkpoint'}; "
-                           "continue with the same command and --resume", err=True)
-            elif is_main_process() and (out / CONFIG).exists():
-                click.echo(f"no checkpoint yet: the same command with --resume starts {out} again from step 0 "
-                           "(--checkpoint-every N saves one every N steps)", err=True)
-            raise
+        return wrapped
 
-    return wrapped
+    return wrap
+
+
+def _say_what_is_kept(out: Path, saves_more: str) -> None:
+    from attnlab.training.checkpoint import CONFIG, checkpoint_progress, has_checkpoint
+    from attnlab.training.distributed import is_main_process
+
+    if is_main_process() and has_checkpoint(out):
+        click.echo(f"the checkpoint of step {checkpoint_progress(out)[0]} is kept in {out / 'checkpoint'}; "
+                   "continue with the same command and --resume", err=True)
+    elif is_main_process() and (out / CONFIG).exists():
+        click.echo(f"no checkpoint yet: the same command with --resume starts {out} again from step 0 "
+                   f"({saves_more})", err=True)

@@ -84,7 +84,7 @@ def _default(name: str) -> str:
               help="torch threads (0: torch's default, one per core; 2 may help on an otherwise idle machine). [default: 1]")
 @click.option("--seed", type=SEED, default=None, help=f"{_default('seed')}")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
-@says_how_to_continue
+@says_how_to_continue("--checkpoint-every N saves one every N steps")
 def train_classify(train_path: Path, valid_path: Path | None, out: Path, resume: bool, progress: bool,
                    **overrides: object) -> None:
     """Train a text classifier on TRAIN; select on --valid (or a held-out share); write the run to --out.

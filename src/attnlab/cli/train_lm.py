@@ -81,7 +81,7 @@ def _steps(report: LMReport) -> str:
               help="Stop training after this many seconds in all (0: no limit); may be raised on --resume.")
 @click.option("--resume", is_flag=True, help="Continue from RUN/checkpoint.")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
-@says_how_to_continue
+@says_how_to_continue("--checkpoint-every N saves one every N steps")
 def train_lm(text: Path, out: Path, preset: str, compile_: bool | None, resume: bool, progress: bool,
              **overrides: object) -> None:
     """Train a decoder-only LM (GPT-like) on random windows of TEXT; validation is the file's last fraction.

@@ -66,7 +66,7 @@ _SETTING_KEYS = {"layers": ("num_layers",), "heads": ("num_heads",), "warmup": (
 @click.option("--no-look-ahead-mask", "leak", is_flag=True, hidden=True,
               help="Train without the decoder's look-ahead mask (the teacher-forcing experiment's broken model).")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
-@says_how_to_continue
+@says_how_to_continue("a checkpoint is saved at each evaluation: --eval-every N")
 def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint_vocab: bool, vocab_size: int,
                     share_embeddings: bool, tie_output: bool, d_model: int, layers: int, heads: int, d_ff: int,
                     dropout: float, max_positions: int, max_tokens: int, label_smoothing: float, lr: float,

@@ -434,10 +434,11 @@ def train_classifier(
     if resume:
         saved = read_run_config(out, TASK_NAME)
         settings = ClassifySettings(**{"wordllama": False, **saved["classify"]})  # older runs had GloVe only
-        # A new length (--steps, else --epochs) is taken, its schedule re-planned, and a new time budget; the other
+        # A new length (--steps, else --epochs) is taken, its schedule re-planned, and a new time budget or
+        # checkpoint interval (where the run stops and what it saves, not what its steps compute); the other
         # settings are the run's.
         length = {k: v for k, v in (requested or {}).items() if k in ("steps", "epochs") and v}
-        budget = {k: v for k, v in (requested or {}).items() if k == "max_seconds"}
+        budget = {k: v for k, v in (requested or {}).items() if k in ("max_seconds", "checkpoint_every")}
         ignored = ignored_on_resume({k: v for k, v in (requested or {}).items() if k not in length | budget},
                                     asdict(settings))
         settings = replace(settings, **budget)
@@ -453,7 +454,8 @@ def train_classifier(
         if has_checkpoint(out) and "epochs" not in length:  # said before the data is read (epochs need it)
             steps = length.get("steps", int(saved["train"]["max_steps"]))
             refuse_shorter(out, steps, "--steps")
-            refuse_ended(out, steps=steps, max_seconds=settings.max_seconds, steps_option="--steps")
+            refuse_ended(out, steps=steps, max_seconds=settings.max_seconds, steps_option="--steps",
+                         lengthened=steps != int(saved["train"]["max_steps"]))
     elif (out / CONFIG).exists():  # every process checks, before the barrier below lets rank 0 write
         raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     settings.check()
@@ -501,7 +503,8 @@ def train_classifier(
         asked = length.get("steps") or length.get("epochs", 0) * per_epoch
         if resume and "epochs" in length:  # the check before the data had no length in steps to judge by
             refuse_shorter(out, asked, "--steps")
-            refuse_ended(out, steps=asked, max_seconds=settings.max_seconds, steps_option="--steps")
+            refuse_ended(out, steps=asked, max_seconds=settings.max_seconds, steps_option="--steps",
+                         lengthened=asked != planned)
         if asked and asked != planned:
             settings = replace(settings, steps=asked)
             if resume:  # (a run with no checkpoint yet starts again from step 0, with its new length)
@@ -544,8 +547,9 @@ def train_classifier(
             "train": config_dict(config),
         })
     def record() -> None:  # a new length or time budget, once the checkpoint has loaded: an interrupted
-        if main and (config.max_steps, config.max_seconds) != (  # lengthening goes on with a plain --resume
-                saved["train"]["max_steps"], saved["train"]["max_seconds"]):
+        changed = [k for k in ("max_steps", "max_seconds", "checkpoint_every")  # lengthening goes on with a
+                   if getattr(config, k) != saved["train"][k]]  # plain --resume
+        if main and changed:
             write_run_config(out, {**saved, "classify": asdict(settings), "train": config_dict(config)})
 
     if saved is not None and not resume:  # no checkpoint to load: it starts again from step 0 with what it now is

@@ -304,7 +304,8 @@ def train_language_model(
                                "resume needs the same text")
         lengthened = settings.steps != before.steps and has_checkpoint(out)
         reached = refuse_shorter(out, settings.steps, "--steps") if lengthened else 0
-        refuse_ended(out, steps=settings.steps, max_seconds=settings.max_seconds, steps_option="--steps")
+        refuse_ended(out, steps=settings.steps, max_seconds=settings.max_seconds, steps_option="--steps",
+                     lengthened=settings.steps != before.steps)
         if lengthened and is_main_process():
             print(length_changed(before.train_config(progress=False).learning_rates(),
                                  settings.train_config(progress=False).learning_rates(), reached), file=sys.stderr)
@@ -312,7 +313,8 @@ def train_language_model(
             # Killed before its first checkpoint: start again from step 0 with the saved settings, which is
             # exactly what the uninterrupted run did (as the classifier does).
             if is_main_process():
-                print(f"{out} has no checkpoint yet: starting the run again from step 0", file=sys.stderr)
+                again = "" if settings.steps == before.steps else f", with {settings.steps} steps instead of {before.steps}"
+                print(f"{out} has no checkpoint yet: starting the run again from step 0{again}", file=sys.stderr)
             resume = False
     elif (Path(out) / CONFIG).exists():  # every process checks, before the barrier below lets rank 0 write
         raise AttnlabError(f"{out} already holds a run; continue it with --resume or choose another --out")

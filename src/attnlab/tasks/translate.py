@@ -321,7 +321,8 @@ def _resumed_config(out: Path, run_cfg: dict[str, Any], saved: TranslateSettings
     resumed.validate()
     if has_checkpoint(out):  # said before anything else: a length the run is past, or a run that has ended
         reached = refuse_shorter(out, resumed.max_steps, "--max-steps")
-        refuse_ended(out, steps=resumed.max_steps, max_seconds=resumed.max_seconds, steps_option="--max-steps")
+        refuse_ended(out, steps=resumed.max_steps, max_seconds=resumed.max_seconds, steps_option="--max-steps",
+                     lengthened=resumed.max_steps != before.max_steps)
     now = json.loads(json.dumps(config_dict(resumed)))  # as config.json holds it (tuples become lists)
     changed = {k: v for k, v in now.items() if k in engine and k in started and started[k] != v}
     if changed:
@@ -413,10 +414,13 @@ def train_translation(
     task = TranslationTask(train_pairs, valid_pairs, valid_sources, valid_ref, tgt_tok, settings, seed=config.seed)
     log(f"{len(train_pairs)} training pairs, {len(valid_pairs)} validation pairs; model {type(model).__name__} "
         f"with {model.num_parameters():,} parameters")
+
     def record() -> None:  # what the run now is, once its checkpoint has loaded: an interrupted lengthening goes on
         if main:  # with a plain --resume, and a resume that fails before changes nothing
             write_run_config(out, {**run_cfg, "train": config_dict(config)})
 
+    if restart:  # no checkpoint to load: it starts again from step 0 with what it now is
+        record()
     result = train_or_forget(model, task, config, out, resume=resume and not restart,
                              existed=existed, task_files=set(settings.tokenizers.values()),
                              on_resumed=record if resume else None)

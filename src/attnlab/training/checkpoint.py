@@ -293,8 +293,8 @@ def refuse_shorter(run_dir: str | Path, steps: int, option: str) -> int:
     (``option`` names the setting to raise)."""
     reached = checkpoint_progress(run_dir)[0]
     if reached > steps:
-        raise AttnlabError(f"{run_dir} has reached step {reached}, past the {steps} steps it is given; to go on, "
-                           f"resume with {option} more than {reached}")
+        raise AttnlabError(f"{run_dir} has reached step {reached}, past the {steps} step{'s' if steps != 1 else ''} it "
+                           f"is given; to go on, resume with {option} more than {reached}")
     return reached
 
 
@@ -302,27 +302,31 @@ def refuse_shorter(run_dir: str | Path, steps: int, option: str) -> int:
 RESULT = "result.json"
 
 
-def refuse_ended(run_dir: str | Path, *, steps: int, max_seconds: float, steps_option: str) -> None:
+def refuse_ended(run_dir: str | Path, *, steps: int, max_seconds: float, steps_option: str,
+                 lengthened: bool = False) -> None:
     """Refuse to resume a run that has ended, saying what ended it and how it could go on, instead of redoing its
     final evaluation and report (and taking no step).
 
-    A run has ended when it wrote its report and its checkpoint reached its last step (``steps``), was ended by
-    early stopping, or spent its time budget (``max_seconds``, 0: none). The checkpoint, not the report, says how
-    far it got: a later resume may have gone further before it was interrupted, leaving the earlier report.
+    A run has ended when its checkpoint was ended by early stopping, spent its time budget (``max_seconds``, 0:
+    none) or reached its last step (``steps``), and it wrote its report. Without the report (killed before it) a
+    plain resume is let through to write it; one ``lengthened`` to more steps is still refused if early stopping
+    or the budget would keep it from taking them. The checkpoint, not the report, says how far the run got: a
+    later resume may have gone further before it was interrupted, leaving the earlier report.
     """
     run_dir = Path(run_dir)
-    if not (run_dir / RESULT).exists() or not has_checkpoint(run_dir):
+    if not has_checkpoint(run_dir):
         return
+    reported = (run_dir / RESULT).exists()
     reached, seconds, stopped_early = checkpoint_progress(run_dir)
-    if reached >= steps:
-        raise AttnlabError(f"{run_dir} has finished its {reached} steps (its report is in {RESULT}); nothing to "
-                           f"resume, unless with {steps_option} more than {reached} to take it further")
-    if stopped_early:
-        raise AttnlabError(f"{run_dir} was ended by early stopping at step {reached} (its report is in {RESULT}); it "
-                           "takes no further step: train a new run for longer")
-    if max_seconds and seconds >= max_seconds:
+    if stopped_early and (reported or lengthened):
+        raise AttnlabError(f"{run_dir} was ended by early stopping at step {reached}, which is part of the run: it "
+                           "takes no further step; train a new run with a larger --patience (0: none)")
+    if max_seconds and seconds >= max_seconds and (reported or lengthened):
         raise AttnlabError(f"{run_dir} stopped at its time budget, --max-seconds {max_seconds:g}, after {reached} of "
                            f"{steps} steps ({seconds:.1f} s); resume with a larger --max-seconds (0: no limit)")
+    if reported and reached >= steps:
+        raise AttnlabError(f"{run_dir} has finished its {reached} steps (its report is in {RESULT}); nothing to "
+                           f"resume, unless with {steps_option} more than {reached} to take it further")
 
 
 def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,

@@ -55,6 +55,10 @@ class Schedule:
 def length_changed(before: Schedule, after: Schedule, step: int) -> str:
     """The line a resume prints when it is given another length than the run had: where the run now ends and
     how the re-planned schedule moves the learning rate at ``step``, the step it continues from."""
-    return (f"resume: the run now ends at step {after.total_steps} instead of {before.total_steps}; its learning-rate "
-            f"schedule is re-planned over {after.total_steps} steps (at step {step}: {before(step):.3g} -> "
-            f"{after(step):.3g}), so it is not the run a fresh one of {after.total_steps} steps would make")
+    ends = f"resume: the run now ends at step {after.total_steps} instead of {before.total_steps}; "
+    if after.kind != "cosine":  # warmup then 1/sqrt(step) or flat: the length does not enter the rate
+        return ends + (f"its {after.kind} learning-rate schedule does not depend on the length, so it goes on as a "
+                       f"fresh run of {after.total_steps} steps would")
+    return ends + (f"its learning-rate schedule is re-planned over {after.total_steps} steps (at step {step}: "
+                   f"{before(step):.3g} -> {after(step):.3g}), so it is not the run a fresh one of {after.total_steps} "
+                   "steps would make")
