@@ -51,7 +51,6 @@ from attnlab.training.checkpoint import (
     model_config,
     read_run_config,
     refuse_ended,
-    refuse_shorter,
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
@@ -453,7 +452,6 @@ def train_classifier(
             raise AttnlabError(f"this run was validated on {validated}; resume it with the same validation data")
         if has_checkpoint(out) and "epochs" not in length:  # said before the data is read (epochs need it)
             steps = length.get("steps", int(saved["train"]["max_steps"]))
-            refuse_shorter(out, steps, "--steps")
             refuse_ended(out, steps=steps, max_seconds=settings.max_seconds, steps_option="--steps",
                          lengthened=steps != int(saved["train"]["max_steps"]))
     elif (out / CONFIG).exists():  # every process checks, before the barrier below lets rank 0 write
@@ -502,7 +500,6 @@ def train_classifier(
         planned = int(saved["train"]["max_steps"])  # as planned at the start, even if it was fitted to the time
         asked = length.get("steps") or length.get("epochs", 0) * per_epoch
         if resume and "epochs" in length:  # the check before the data had no length in steps to judge by
-            refuse_shorter(out, asked, "--steps")
             refuse_ended(out, steps=asked, max_seconds=settings.max_seconds, steps_option="--steps",
                          lengthened=asked != planned)
         if asked and asked != planned:

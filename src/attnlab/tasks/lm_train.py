@@ -55,7 +55,6 @@ from attnlab.training.checkpoint import (
     model_config,
     read_run_config,
     refuse_ended,
-    refuse_shorter,
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
@@ -302,11 +301,10 @@ def train_language_model(
         if started_on is not None and data is None and started_on != fingerprint(text):
             raise AttnlabError(f"{text} is not the text this run started with ({run_config['data']['text']}); "
                                "resume needs the same text")
-        lengthened = settings.steps != before.steps and has_checkpoint(out)
-        reached = refuse_shorter(out, settings.steps, "--steps") if lengthened else 0
-        refuse_ended(out, steps=settings.steps, max_seconds=settings.max_seconds, steps_option="--steps",
-                     lengthened=settings.steps != before.steps)
-        if lengthened and is_main_process():
+        lengthened = settings.steps != before.steps
+        reached = refuse_ended(out, steps=settings.steps, max_seconds=settings.max_seconds, steps_option="--steps",
+                               lengthened=lengthened)
+        if lengthened and reached and is_main_process():  # (no checkpoint, reached 0: it starts again, said below)
             print(length_changed(before.train_config(progress=False).learning_rates(),
                                  settings.train_config(progress=False).learning_rates(), reached), file=sys.stderr)
         if not has_checkpoint(out):
@@ -354,16 +352,15 @@ def train_language_model(
             "lm": asdict(settings),
             "train": config_dict(config),
         }
-        if not resume and main:  # a resume records its settings (a new time budget) once it has run: a failed one changes nothing
+        if not resume and main:  # a resume records its settings once its checkpoint has loaded (record, below)
             write_run_config(out, run_config)
+
         def record() -> None:  # once the checkpoint has loaded: an interrupted lengthening goes on with a plain
             if main:  # --resume, and a resume that fails before changes nothing
                 write_run_config(out, run_config)
 
         result = train_or_forget(model, task, config, out, resume=resume, existed=existed,
                                  task_files=[TOKENIZER_FILE], on_resumed=record)
-        if resume and main:
-            write_run_config(out, run_config)
         load_weights(model, out / WEIGHTS)  # the kept (best) weights: what generate will use
         model.eval()
         # Rank 0 evaluates, times the peak (alone: two processes timing at once would halve it) and reports.

@@ -54,7 +54,6 @@ from attnlab.training.checkpoint import (
     model_config,
     read_run_config,
     refuse_ended,
-    refuse_shorter,
     register_model,
     write_run_config,
 )
@@ -320,9 +319,8 @@ def _resumed_config(out: Path, run_cfg: dict[str, Any], saved: TranslateSettings
     resumed = replace(before, **{k: v for k, v in requested.items() if k in engine})
     resumed.validate()
     if has_checkpoint(out):  # said before anything else: a length the run is past, or a run that has ended
-        reached = refuse_shorter(out, resumed.max_steps, "--max-steps")
-        refuse_ended(out, steps=resumed.max_steps, max_seconds=resumed.max_seconds, steps_option="--max-steps",
-                     lengthened=resumed.max_steps != before.max_steps)
+        reached = refuse_ended(out, steps=resumed.max_steps, max_seconds=resumed.max_seconds,
+                               steps_option="--max-steps", lengthened=resumed.max_steps != before.max_steps)
     now = json.loads(json.dumps(config_dict(resumed)))  # as config.json holds it (tuples become lists)
     changed = {k: v for k, v in now.items() if k in engine and k in started and started[k] != v}
     if changed:
@@ -424,8 +422,6 @@ def train_translation(
     result = train_or_forget(model, task, config, out, resume=resume and not restart,
                              existed=existed, task_files=set(settings.tokenizers.values()),
                              on_resumed=record if resume else None)
-    if resume and main:  # what the run continued with (its other engine settings once it has run with them)
-        write_run_config(out, {**run_cfg, "train": config_dict(config)})
     if main:
         write_json_atomic(out / RESULT, {"steps": result.steps, "seconds": round(result.elapsed, 1),
                                          "tokens_per_second": round(result.tokens_per_second), "best": result.best,

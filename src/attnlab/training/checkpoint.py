@@ -303,9 +303,10 @@ RESULT = "result.json"
 
 
 def refuse_ended(run_dir: str | Path, *, steps: int, max_seconds: float, steps_option: str,
-                 lengthened: bool = False) -> None:
-    """Refuse to resume a run that has ended, saying what ended it and how it could go on, instead of redoing its
-    final evaluation and report (and taking no step).
+                 lengthened: bool = False) -> int:
+    """Refuse to resume a run that has ended, or whose checkpoint is past ``steps`` (:func:`refuse_shorter`), saying
+    what ended it and how it could go on, instead of redoing its final evaluation and report (and taking no step).
+    Returns the step the checkpoint has reached (0 without one).
 
     A run has ended when its checkpoint was ended by early stopping, spent its time budget (``max_seconds``, 0:
     none) or reached its last step (``steps``), and it wrote its report. Without the report (killed before it) a
@@ -315,7 +316,8 @@ def refuse_ended(run_dir: str | Path, *, steps: int, max_seconds: float, steps_o
     """
     run_dir = Path(run_dir)
     if not has_checkpoint(run_dir):
-        return
+        return 0
+    refuse_shorter(run_dir, steps, steps_option)
     reported = (run_dir / RESULT).exists()
     reached, seconds, stopped_early = checkpoint_progress(run_dir)
     if stopped_early and (reported or lengthened):
@@ -327,6 +329,7 @@ def refuse_ended(run_dir: str | Path, *, steps: int, max_seconds: float, steps_o
     if reported and reached >= steps:
         raise AttnlabError(f"{run_dir} has finished its {reached} steps (its report is in {RESULT}); nothing to "
                            f"resume, unless with {steps_option} more than {reached} to take it further")
+    return reached
 
 
 def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,
