@@ -15,6 +15,7 @@ check                  what must hold                                           
 ``finite-outputs``     full, padded, empty and longest rows are finite          inverted padding mask (004)
 ``mode``               eval deterministic; train differs if dropout             dropout at eval (000)
 ``inference-path``     torch's inference fast path = the training path          float 0/1 mask torch adds
+``kv-cache``           cached decoding = the full forward pass                  positions restarting at 0
 =====================  =======================================================  ===========================
 
 The model is called with torch's inference fast path switched off, so that it computes what training
@@ -35,6 +36,7 @@ from attnlab.checks.asserts import (
     assert_causal,
     assert_finite,
     assert_inference_path,
+    assert_kv_cache,
     assert_mode,
     assert_order_sensitive,
     assert_padding_content_ignored,
@@ -50,7 +52,7 @@ from attnlab.checks.runner import CHECKS, run_check, run_checks
 
 __all__ = [
     "HFAdapter",
-    "assert_all_checks", "assert_batch_independent", "assert_causal", "assert_finite", "assert_inference_path", "assert_mode",
+    "assert_all_checks", "assert_batch_independent", "assert_causal", "assert_finite", "assert_inference_path", "assert_kv_cache", "assert_mode",
     "assert_order_sensitive", "assert_padding_content_ignored", "assert_padding_invariant",
     "output_tensor", "TOLERANCE", "Tolerance", "KINDS", "Contract", "load_factory", "load_model",
     "CheckReport", "CheckResult", "CHECKS", "run_check", "run_checks",

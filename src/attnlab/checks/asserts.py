@@ -77,6 +77,12 @@ def assert_inference_path(model: Callable[..., Any], *, kind: Kind, seeds: int |
     return _assert_check("inference-path", model, kind, seeds, contract)
 
 
+def assert_kv_cache(model: Callable[..., Any], *, kind: Kind = "decoder", seeds: int | Iterable[int] = 5,
+                    **contract: Any) -> CheckResult:
+    """Decoding with the model's key/value cache gives the outputs of the full forward pass."""
+    return _assert_check("kv-cache", model, kind, seeds, contract)
+
+
 def assert_all_checks(model: Callable[..., Any], *, kind: Kind, seeds: int | Iterable[int] = 5,
                       **contract: Any) -> list[CheckResult]:
     """Every check; the message lists each failure with its evidence."""

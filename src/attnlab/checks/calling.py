@@ -120,18 +120,25 @@ class ModelUnderTest:
         if seq2seq != (tgt is not None):
             raise ValueError("seq2seq models take (src, tgt); other kinds take ids only")
         self.last_input = {"src": ids.tolist(), "tgt": tgt.tolist()} if tgt is not None else {"ids": ids.tolist()}
+        if tgt is not None:
+            return self.invoke(lambda: self.model(ids.to(self.device), tgt.to(self.device)), rows=ids.shape[0])
+        return self.invoke(lambda: self.model(ids.to(self.device)), rows=ids.shape[0])
+
+    def invoke(self, call: Callable[[], Any], *, rows: int) -> Tensor:
+        """The output tensor of ``call()``, a call of the model (or of one of its methods), made as every check
+        makes it: under ``no_grad``, on the path training takes (or the fast path, see :meth:`with_fast_path`),
+        its exceptions as :class:`ModelRaised`, its output checked to have ``rows`` rows and moved to the CPU."""
         with torch.no_grad(), _fast_path(self.fast_path), self._random_streams():
-            ids_on = ids.to(self.device)
             try:
-                raw = self.model(ids_on, tgt.to(self.device)) if tgt is not None else self.model(ids_on)
+                raw = call()
             except KeyboardInterrupt:
                 raise
             except BaseException as err:  # SystemExit too: a model that exits is a finding, not the end of the run
                 raise ModelRaised(err) from err
         out = output_tensor(raw)
-        if out.dim() == 0 or out.shape[0] != ids.shape[0]:
-            rows = f"{ids.shape[0]} row{'s' if ids.shape[0] != 1 else ''}"
-            raise OutputError(f"the output has shape {tuple(out.shape)}, but the batch has {rows}")
+        if out.dim() == 0 or out.shape[0] != rows:
+            raise OutputError(f"the output has shape {tuple(out.shape)}, but the batch has {rows} "
+                              f"row{'s' if rows != 1 else ''}")
         return out.detach().cpu()
 
     @contextmanager

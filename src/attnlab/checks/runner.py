@@ -13,6 +13,7 @@ from attnlab.checks.causal import check_causal
 from attnlab.checks.contract import Contract
 from attnlab.checks.finite import check_finite_outputs
 from attnlab.checks.inference import check_inference_path
+from attnlab.checks.kv_cache import check_kv_cache
 from attnlab.checks.mode import check_mode, eval_randomness
 from attnlab.checks.order import check_order_sensitivity
 from attnlab.checks.padding import check_padding_content, check_padding_invariance
@@ -35,11 +36,12 @@ CHECKS: dict[str, CheckFn] = {
     "finite-outputs": check_finite_outputs,
     "mode": check_mode,
     "inference-path": check_inference_path,
+    "kv-cache": check_kv_cache,
 }
 
 #: The checks that compare two calls of the model, which random outputs in eval mode would fail for nothing.
 COMPARING = ("causal", "padding-invariance", "padding-content", "batch-independence", "order-sensitivity",
-             "inference-path")
+             "inference-path", "kv-cache")
 
 
 def seed_list(seeds: int | Iterable[int]) -> list[int]:
@@ -108,7 +110,8 @@ def _call_mismatch(err: BaseException) -> bool:
     if tb is None:
         return False
     code = tb.tb_frame.f_code
-    return code is ModelUnderTest.__call__.__code__ or code.co_filename.endswith(TORCH_MODULE_CALL)
+    call = ModelUnderTest.__call__.__code__  # the model is called from lambdas defined in it
+    return code is call or code in call.co_consts or code.co_filename.endswith(TORCH_MODULE_CALL)
 
 
 #: Where ``nn.Module.__call__`` binds ``forward``'s arguments.

@@ -1,0 +1,205 @@
+"""KV cache: decoding with the model's key/value cache gives what the full forward pass gives.
+
+Generation reads the prompt once and then feeds one token a step, reusing the keys and values of the
+positions already seen. A bug on that path is silent: training, and every other check, call only the full
+forward pass, and the generated text is merely worse. The usual ones: new tokens whose positions restart at
+0 (the cache's length never reaches the position table or the rotary angles), keys appended to the cache
+twice or not at all, and a look-ahead mask built for the new tokens alone. A model whose full pass reads
+later tokens (a missing look-ahead mask) fails here too, since a cache holds only the past; ``causal``
+names that bug.
+
+Per seed, a batch of two unpadded rows is run whole, then through the cache: a prefix at once, then the rest
+in chunks (with the first seed one token at a time, as generation feeds them, over the longest rows up to
+:data:`LONGEST`; with the others chunks of one to three tokens over rows of random width, which a mask built
+without the cached positions in mind gets wrong). Every position must agree. The two paths run different
+kernels, so the tolerance is that of ``inference-path``.
+
+The check drives the caches it knows (:func:`cache_protocol`): attnlab's, which a model of any author can
+offer (``new_caches()``, and ``forward(ids, *, caches)`` taking the new positions only, the cached ones
+counted by the caches; for seq2seq ``encode(src)`` and ``decode(tgt, memory, memory_attend_mask=...,
+caches=...)``), and a Hugging Face decoder's ``cache`` (``past_key_values`` before transformers 5), the
+model itself or inside :class:`~attnlab.checks.adapters.HFAdapter`. Any other model skips, with the reason.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.checks.adapters import HFAdapter
+from attnlab.checks.calling import ModelRaised, ModelUnderTest, OutputError
+from attnlab.checks.compare import EPS_FACTOR, TOLERANCE, Tally
+from attnlab.checks.inputs import generator, randint, random_source, random_tokens
+from attnlab.checks.result import CheckResult, shown
+
+NAME = "kv-cache"
+#: The first seed decodes rows of the longest length up to this many positions, one call per token.
+LONGEST = 64
+#: After the prefix, the other seeds feed chunks of 1 to this many tokens.
+CHUNK = 3
+
+#: ``start(src)`` begins one decoding (``src`` is None but for seq2seq) and returns ``step(ids)``, which feeds
+#: the next positions (batch, new) and returns what the model returned for them. Only ``step`` calls the model
+#: (the first one makes the caches), so that the check can catch whatever the model raises.
+Start = Callable[[Tensor | None], Callable[[Tensor], Any]]
+
+
+class _NoCache(Exception):
+    """The model offers a cache argument but keeps nothing in it: there is no cached path to check."""
+
+
+def _takes(method: Any, name: str) -> bool:
+    """Whether ``method`` accepts a keyword argument ``name`` (by name, not through ``**kwargs``)."""
+    try:
+        return callable(method) and name in inspect.signature(method).parameters
+    except (TypeError, ValueError):  # a builtin or a callable without a signature
+        return False
+
+
+def _attnlab_decoder(model: Any) -> Start | None:
+    if not (callable(getattr(model, "new_caches", None)) and _takes(getattr(model, "forward", None), "caches")):
+        return None
+
+    def start(src: Tensor | None) -> Callable[[Tensor], Any]:
+        caches: list[Any] = []
+
+        def step(ids: Tensor) -> Any:
+            if not caches:  # made inside the first step, where the check catches what the model raises
+                caches.append(model.new_caches())
+            return model(ids, caches=caches[0])
+        return step
+    return start
+
+
+def _attnlab_seq2seq(model: Any) -> Start | None:
+    if not (callable(getattr(model, "new_caches", None)) and callable(getattr(model, "encode", None))
+            and _takes(getattr(model, "decode", None), "caches")):
+        return None
+
+    def start(src: Tensor | None) -> Callable[[Tensor], Any]:
+        state: list[Any] = []  # memory, its mask and the caches, made inside the first step
+
+        def step(tgt: Tensor) -> Any:
+            if not state:
+                state.extend((*model.encode(src), model.new_caches()))
+            memory, memory_mask, caches = state
+            return model.decode(tgt, memory, memory_attend_mask=memory_mask, caches=caches)
+        return step
+    return start
+
+
+def _hugging_face_decoder(model: Any) -> Start | None:
+    inner = model.model if isinstance(model, HFAdapter) else model
+    forward = getattr(inner, "forward", None)
+    # transformers 5 renamed past_key_values to cache (in the call and the output); earlier ones know only the first
+    name = next((n for n in ("cache", "past_key_values") if _takes(forward, n)), None)
+    if not (isinstance(inner, nn.Module) and hasattr(inner, "config") and name and _takes(forward, "use_cache")):
+        return None
+
+    def start(src: Tensor | None) -> Callable[[Tensor], Any]:
+        held: list[Any] = [None, 0]  # the cache, and how many positions it holds
+
+        def step(ids: Tensor) -> Any:
+            seen = held[1] + ids.shape[1]  # the mask covers the cached positions and the new ones (no padding)
+            out = inner(input_ids=ids, attention_mask=ids.new_ones(ids.shape[0], seen), use_cache=True,
+                        **{name: held[0]})
+            held[:] = getattr(out, name, None), seen
+            if held[0] is None:  # an encoder (BERT) takes the argument and keeps nothing
+                raise _NoCache(f"the model takes use_cache but returned no {name}: it keeps no key/value cache")
+            return out
+        return step
+    return start
+
+
+#: Each protocol in words, and the function that finds it on a model, per kind.
+PROTOCOLS: dict[str, list[tuple[str, Callable[[Any], Start | None]]]] = {
+    "decoder": [("attnlab's caches: new_caches(), forward(ids, caches=...)", _attnlab_decoder),
+                ("Hugging Face's cache (past_key_values)", _hugging_face_decoder)],
+    "seq2seq": [("attnlab's caches: encode(src), new_caches(), decode(tgt, memory, ..., caches=...)",
+                 _attnlab_seq2seq)],
+}
+
+
+def cache_protocol(model: Any, kind: str) -> tuple[str, Start] | None:
+    """The key/value cache protocol ``model`` offers for ``kind``, in words, and how to start a decoding; None
+    when it offers none that the check knows."""
+    for words, find in PROTOCOLS.get(kind, []):
+        start = find(model)
+        if start is not None:
+            return words, start
+    return None
+
+
+def _chunks(gen: torch.Generator, width: int, singles: bool) -> list[int]:
+    """The sizes the ``width`` positions are fed in: a prefix of 1 to ``width - 1``, then singles or chunks."""
+    sizes = [randint(gen, 1, width - 1)]
+    while sum(sizes) < width:
+        left = width - sum(sizes)
+        sizes.append(1 if singles else randint(gen, 1, min(CHUNK, left)))
+    return sizes
+
+
+def _cached(mut: ModelUnderTest, start: Start, ids: Tensor, src: Tensor | None, sizes: list[int]) -> Tensor:
+    """(batch, width) outputs of feeding ``ids`` through the cache in chunks of ``sizes``."""
+    device = mut.device
+    step = start(None if src is None else src.to(device))
+    outputs, fed = [], 0
+    for size in sizes:
+        chunk = ids[:, fed:fed + size]
+        out = mut.invoke(lambda chunk=chunk: step(chunk.to(device)), rows=ids.shape[0])
+        if out.dim() < 2 or out.shape[1] != size:
+            raise OutputError(f"fed {size} new position(s) through the cache, the model returned shape "
+                              f"{tuple(out.shape)}: a cached call must return one output per new position")
+        outputs.append(out)
+        fed += size
+    return torch.cat(outputs, dim=1)
+
+
+def check_kv_cache(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
+    """Run the KV-cache check over ``seeds``; see the module docstring."""
+    contract, tally = mut.contract, Tally()
+    tol = f"{TOLERANCE.describe()}, rtol at least {EPS_FACTOR} machine epsilons of a bfloat16 or float16 output"
+    if not contract.causal:
+        return CheckResult(NAME, "skip", "an encoder is not decoded incrementally", tol)
+    found = cache_protocol(mut.model, contract.kind)
+    if found is None:
+        known = "; ".join(words for words, _ in PROTOCOLS[contract.kind])
+        return CheckResult(NAME, "skip", f"the model offers no key/value cache the check can drive ({known})", tol)
+    if not mut.per_position:
+        return CheckResult(NAME, "skip", "the outputs are not per position (see causal)", tol)
+    words, start = found
+    longest = min(contract.max_length, LONGEST)
+    for done, seed in enumerate(seeds, 1):
+        mut.seed, gen = seed, generator(NAME, seed)
+        first = done == 1
+        width = longest if first else randint(gen, 2, longest)
+        ids, src = random_tokens(gen, contract, 2, width), random_source(gen, contract, 2)
+        sizes = _chunks(gen, width, singles=first)
+        full = mut.outputs(ids, src)
+        try:
+            cached = _cached(mut, start, ids, src, sizes)
+        except ModelRaised as raised:
+            if isinstance(raised.error, _NoCache):
+                return CheckResult(NAME, "skip", str(raised.error), tol)
+            raise
+        for row in range(2):
+            diff = mut.compare(full[row], cached[row], TOLERANCE.for_kernels(full.dtype))
+            if not tally.judge(diff) or diff.same:
+                continue
+            positions = [p[0] for p in diff.positions]
+            evidence = {"seed": seed, "input": ids[row], "row": row, "chunks": sizes, "positions": positions,
+                        "max_diff": diff.max_diff, "bound": diff.bound, "protocol": words}
+            if src is not None:
+                evidence["source"] = src[row]
+            summary = (f"seed {seed}: decoding with the key/value cache ({words}; {sizes[0]} token(s) at once, then "
+                       f"{'one at a time' if first else f'chunks of {shown(sizes[1:])}'}) differs from the full "
+                       f"forward pass at position(s) {shown(positions)} by up to {diff} (likely causes: new "
+                       f"tokens' positions restarting at 0, keys cached twice or not at all, a look-ahead mask "
+                       f"for the new tokens alone, or a full pass that reads later tokens, which causal would "
+                       f"fail); input {shown(ids[row])}")
+            return CheckResult(NAME, "fail", summary, tol, done, evidence)
+    return tally.verdict(NAME, tol, len(seeds), f"cached decoding equals the full forward pass ({words})")
