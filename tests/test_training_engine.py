@@ -226,6 +226,19 @@ def test_checkpoint_round_trip_restores_optimizer_and_rng(tmp_path):
         assert torch.equal(saved[index]["exp_avg_sq"], loaded[index]["exp_avg_sq"])
 
 
+def test_a_resume_trains_with_its_own_weight_decay_and_betas_not_the_checkpoint_s(tmp_path):
+    train(tmp_path, steps=8, weight_decay=0.0, betas=(0.9, 0.999))
+    seed_everything(0)
+    task = ToyTask(batch_size=8)
+    config = TrainConfig(max_steps=12, lr=3e-3, warmup_steps=3, eval_every=4, progress=False, weight_decay=0.5,
+                         betas=(0.5, 0.6))
+    trainer = Trainer(task.model(0.1), task, config, tmp_path)
+    trainer.fit(resume=True)
+    decayed = [g for g in trainer.optimizer.param_groups if g["weight_decay"]]
+    assert decayed and all(g["weight_decay"] == 0.5 for g in decayed)
+    assert all(tuple(g["betas"]) == (0.5, 0.6) for g in trainer.optimizer.param_groups)
+
+
 def test_model_classes_must_be_registered_and_registered_ones_round_trip(tmp_path):
     class Unregistered(DecoderLM):
         pass

@@ -13,6 +13,7 @@ from attnlab.cli.main import cli
 from attnlab.data import BOS_ID, EOS_ID, PAD_ID, pad_batch
 from attnlab.tasks.decoding import DecodeSettings, beam_search, greedy_search, length_normalised
 from attnlab.tasks.translate import (
+    LeakyTransformer,
     TranslateSettings,
     corpus_scores,
     cross_attention,
@@ -180,6 +181,23 @@ def test_attention_heatmap_for_one_sentence(toy):
     refused = CliRunner().invoke(cli, ["attention", str(toy["run"]), "ka", "--out", str(toy["root"] / "att.docx")])
     assert refused.exit_code == 2 and "matplotlib cannot write .docx figures" in refused.stderr
     assert not (toy["root"] / "att.docx").exists()
+
+
+def test_attention_shows_the_weights_decoding_used_even_for_a_model_whose_plain_decode_leaks(toy):
+    tr = load_translator(toy["run"])
+    tr.model.__class__ = LeakyTransformer  # the same weights, no look-ahead mask in the uncached decode
+    att = cross_attention(tr, "ka lo mi nu", decode=DecodeSettings(beam_size=1))
+    src = torch.tensor(tr.encode_sources(["ka lo mi nu"]))
+    tgt_in = [BOS_ID, *(tr.tgt_tokenizer.hf.token_to_id(p) for p in att.out_pieces[:-1])]
+    rows = []
+    with torch.no_grad():  # one token a step, as greedy decoding ran
+        memory, memory_mask = tr.model.encode(src)
+        caches = tr.model.new_caches()
+        for t in tgt_in:
+            _, w = tr.model.decode(torch.tensor([[t]]), memory, memory_attend_mask=memory_mask, caches=caches,
+                                   need_weights=True)
+            rows.append(w[f"decoder_layer{att.layer}_block2_decenc_att"][0, :, 0].mean(0))
+    torch.testing.assert_close(att.weights, torch.stack(rows))
 
 
 def test_attention_of_a_translation_that_fills_the_position_table(toy, monkeypatch):

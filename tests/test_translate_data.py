@@ -59,6 +59,9 @@ def test_pairs_with_targets_too_long_are_left_out_of_training_with_a_warning():
     with pytest.warns(LengthWarning, match="1 training pair whose target is longer .* 3 target positions was left out"):
         pairs = encode_pairs([[5], [6], [7]], [[8, 9], [8, 9, 10], [11]], max_src=8, max_tgt=3, what="training")
     assert pairs.kept == [0, 2] and pairs.tgt == [[8, 9], [11]]
+    # --valid-sentences 2 scores the first two lines: the pair of line 0 (line 1 was left out), not line 2's
+    first = pairs.from_first_lines(2)
+    assert first.kept == [0] and first.tgt == [[8, 9]] and first.src == [pairs.src[0]]
 
 
 def test_targets_are_shifted_with_bos_and_eos():

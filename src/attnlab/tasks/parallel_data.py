@@ -135,6 +135,11 @@ class Pairs:
         """Per pair the longer of the two padded sides (source with eos, target with bos or eos)."""
         return [max(len(s), len(t) + 1) for s, t in zip(self.src, self.tgt)]
 
+    def from_first_lines(self, lines: int) -> Pairs:
+        """The pairs that came from the first ``lines`` lines of the corpus (those the length rule kept)."""
+        keep = [i for i, line in enumerate(self.kept) if line < lines]
+        return Pairs([self.src[i] for i in keep], [self.tgt[i] for i in keep], [self.kept[i] for i in keep])
+
 
 def encode_pairs(
     src_pieces: Sequence[Sequence[int]], tgt_pieces: Sequence[Sequence[int]], max_src: int, max_tgt: int, what: str

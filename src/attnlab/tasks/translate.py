@@ -386,8 +386,8 @@ def train_translation(
         src_tok, tgt_tok = train_tokenizers(src_lines, tgt_lines, settings)
     train_pairs, _, _ = _encode_corpus(train, src_tok, tgt_tok, settings, model_kwargs, "training")
     valid_pairs, valid_src, valid_ref = _encode_corpus(valid, src_tok, tgt_tok, settings, model_kwargs, "validation")
-    if settings.valid_sentences:
-        valid_pairs = Pairs(*(x[: settings.valid_sentences] for x in (valid_pairs.src, valid_pairs.tgt, valid_pairs.kept)))
+    if settings.valid_sentences:  # the same first lines for the loss and for BLEU, whichever pairs were left out
+        valid_pairs = valid_pairs.from_first_lines(settings.valid_sentences)
         valid_src, valid_ref = valid_src[: settings.valid_sentences], valid_ref[: settings.valid_sentences]
     valid_sources = source_ids(src_tok.encode_batch(valid_src), model_kwargs["max_src_positions"], "validation source")
     seed_everything(config.seed)
@@ -508,8 +508,9 @@ def cross_attention(translator: Translator, sentence: str, *, layer: int | None 
                     decode: DecodeSettings | None = None) -> CrossAttention:
     """Translate one sentence and return the cross-attention weights of one decoder layer (default: the last).
 
-    The translation is fed back through the decoder with teacher forcing, which gives the very weights
-    the free-running decoder used step by step (the decoder is causal, so no step sees a later one).
+    The translation is fed back through the decoder at once, with its key/value caches: that is the causal path
+    decoding takes, so the weights are the very ones the free-running decoder used step by step (no step sees a
+    later one), also for a model whose plain ``decode`` leaks (:class:`LeakyTransformer`).
     """
     model = translator.model
     layers = len(model.decoder.layers)
@@ -524,8 +525,10 @@ def cross_attention(translator: Translator, sentence: str, *, layer: int | None 
     ended = len(hyp) < int(max_lengths(src, model, decode.max_len_a, decode.max_len_b)[0])
     out_ids = [*hyp, EOS_ID] if ended else hyp
     tgt_in = [BOS_ID, *out_ids[:-1]]
-    with torch.inference_mode():
-        _, weights = model(src, torch.tensor([tgt_in]), return_attention=True)
+    with torch.inference_mode():  # through the caches, as decoding ran (a leaky model's plain decode sees ahead)
+        memory, memory_mask = model.encode(src)
+        _, weights = model.decode(torch.tensor([tgt_in]), memory, memory_attend_mask=memory_mask, need_weights=True,
+                                  caches=model.new_caches())
     att = weights[f"decoder_layer{layer}_block2_decenc_att"][0]  # (heads, T, S)
     return CrossAttention(
         src_pieces=[translator.src_tokenizer.hf.id_to_token(i) for i in src[0].tolist()],

@@ -365,8 +365,13 @@ def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.opti
     for name, value in tensors.items():
         _, index, key = name.split(".", 2)
         per_param.setdefault(int(index), {})[key] = value
+    # The optimizer was built from this run's settings: it takes the saved moments, but keeps its own weight
+    # decay, betas and the rest (load_state_dict would put back the saved ones under settings that say otherwise).
+    settings = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
     try:
         optimizer.load_state_dict({"state": per_param, "param_groups": meta["param_groups"]})
     except (ValueError, KeyError) as err:
         raise AttnlabError(f"checkpoint in {folder} does not fit this optimizer: {err}") from err
+    for group, own in zip(optimizer.param_groups, settings, strict=True):
+        group.update(own)
     return meta["trainer"]
