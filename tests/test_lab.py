@@ -220,6 +220,8 @@ def test_page_is_self_contained_with_every_section(small_run):
     assert "<link" not in page
     assert page.count('src="data:image/png;base64,') >= 7
     assert sorted(p.name for p in out.iterdir()) == ["index.html", "numbers.json"]
+    ids = re.findall(r'\sid="([^"]+)"', page)
+    assert ids and len(ids) == len(set(ids)), "an id named twice is invalid HTML, and getElementById finds one"
 
 
 def test_the_glove_section_quotes_the_seeds_100d_figures_beside_its_own(small_run):

@@ -96,6 +96,9 @@ def test_multiplied_mask_leaks_and_added_mask_does_not(section):
     assert n["multiplied"][2] > 0 and n["multiplied"][2] == max(n["multiplied"])
     assert n["added"][2] == 0.0 and n["core"][2] == 0.0
     assert n["core"] == pytest.approx(n["added"], abs=1e-12)
+    # masked after the softmax: the hidden key is 0 but the rest no longer sums to 1 (review question 2)
+    assert n["after_softmax"][2] == 0.0 and n["after_softmax_sum"] == pytest.approx(sum(n["after_softmax"]))
+    assert n["after_softmax_sum"] < 0.5
 
 
 def test_review_question_numbers(section):

@@ -61,6 +61,8 @@ def test_the_model_section_shows_padded_outputs_and_the_two_attention_shapes():
     assert min(demo["padded_output_norms"]) > 0  # padding hides keys; it does not zero the padded outputs
     assert demo["decoder_self_attention_shape"] == [2, 2, 3, 3]
     assert demo["decoder_cross_attention_shape"] == [2, 2, 3, 5]
+    assert demo["encoder"] == {"layers": 2, "vocab_size": 32, "heads": 2}  # the seed's two-layer encoder
+    assert demo["layer_cross_on_padded_source"] == 0.0  # the layer reads the encoder output, padding hidden
     block1 = np.array(demo["block1_head0"])  # seed 000's look-ahead structure: row 0 on itself, nothing above
     assert block1[0].tolist() == [1.0, 0.0, 0.0] and np.triu(block1, 1).sum() == 0.0
     assert block1.sum(1) == pytest.approx([1.0] * 3, abs=1e-6)

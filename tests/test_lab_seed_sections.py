@@ -54,6 +54,7 @@ def test_only_the_decoder_keeps_earlier_outputs_when_the_last_token_changes(seed
 
 def test_an_inverted_padding_mask_gives_nan_in_torch_and_wrong_scores_in_attnlab(seed004):
     inv = seed004["inverted_padding_mask"]
+    assert inv["key_padding_mask_shape_two_tickets"] == [2, 120]  # seed 004's question: one value per token
     full = sum(length == ROUTER["max_positions"] for length in LENGTHS)
     assert full > 0 and inv["without_padding"] == full
     assert inv["torch_nan_tickets"] == full and inv["torch_nan_exactly_the_unpadded"]

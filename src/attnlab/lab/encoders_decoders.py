@@ -75,7 +75,8 @@ def _causal(n: dict) -> str:
                    "may read, -inf = hidden) and runs one <code>nn.MultiheadAttention(8, 1)</code> head on six random",
                    "8-vectors after <code>torch.manual_seed(0)</code>. Run here, torch gives the seed's table; attnlab's",
                    "attention with the same weights, the mask converted by <code>from_torch_attn_mask</code>, gives the",
-                   "same weights:")
+                   "same weights. The mask, as torch prints it:")
+            + code(_torch_mask_text(causal))
             + matrix(ours.numpy(), 2, row_labels=TOKENS, col_labels=TOKENS,
                      caption="attnlab, one head: rows read, columns are read")
             + check(seed_match, "torch's weights equal the seed's printed table (to its 2 decimals)")
@@ -86,6 +87,11 @@ def _causal(n: dict) -> str:
                                                       ["n (n - 1) / 2", *(str(t * (t - 1) // 2) for t in counts)]])
             + check(all(c == t * (t - 1) // 2 for t, c in counts.items()),
                     f"{counts[6]} of 36 hidden for six tokens, {counts[4]} of 16 for four, as the seed counts"))
+
+
+def _torch_mask_text(mask: torch.Tensor) -> str:
+    """A float 0 / -inf mask, one row a line: ``0`` where a query may read, ``-inf`` where it may not."""
+    return "\n".join(" ".join(f"{'0' if v == 0 else '-inf':>4}" for v in row.tolist()) for row in mask)
 
 
 def _who_reads_what(n: dict) -> str:
@@ -167,6 +173,7 @@ def _inverted(n: dict) -> str:
         alone_wrong = _attnlab_scores(ours, alone, ~padding_mask(alone))
         unmasked = _attnlab_scores(ours, ids, None)  # seed 004's other mistake: no padding mask at all
     full = sum(length == ROUTER["max_positions"] for length in LENGTHS)
+    pair = tuple((ids[:2] == PAD).shape)  # seed 004's question: the mask of 2 tickets of 120 tokens
     nan_rows = torch.isnan(torch_wrong).any(1)  # (tickets,)
     nan_torch = int(nan_rows.sum())
     only_full = nan_rows.tolist() == [length == ROUTER["max_positions"] for length in LENGTHS]
@@ -180,7 +187,7 @@ def _inverted(n: dict) -> str:
         "torch_nan_exactly_the_unpadded": only_full,
         "torch_right_nan_tickets": int(torch.isnan(torch_right).any(1).sum()), "attnlab_nan_tickets": nan_ours,
         "attnlab_largest_score_change": moved, "alone_vs_padded_right": right_gap, "alone_vs_padded_wrong": wrong_gap,
-        "alone_vs_padded_without_mask": unmasked_gap,
+        "alone_vs_padded_without_mask": unmasked_gap, "key_padding_mask_shape_two_tickets": list(pair),
     }
     return (heading("A padding mask turned the wrong way")
             + para("Seed 004's mistake: the mask written as the tokens to keep, <code>ids != PAD</code>, passed as",
@@ -188,7 +195,10 @@ def _inverted(n: dict) -> str:
                    f"the seed's shape ({ROUTER['d_model']} wide, {ROUTER['num_layers']} layers, {ROUTER['num_heads']}",
                    f"heads, {ROUTER['max_positions']} positions, {ROUTER['num_classes']} teams), one on torch's",
                    f"<code>nn.TransformerEncoder</code> and one on attnlab's core, read {len(LENGTHS)} synthetic",
-                   f"tickets, {full} of them {ROUTER['max_positions']} tokens long and so without any padding.")
+                   f"tickets, {full} of them {ROUTER['max_positions']} tokens long and so without any padding.",
+                   "The mask holds one value per token of each ticket: for a batch of 2 tickets of",
+                   f"{ROUTER['max_positions']} tokens its shape is {pair}, (batch, tokens), with no head or query",
+                   "axis (torch broadcasts it over both).")
             + code(f"torch nn.TransformerEncoder, mask ids == PAD: tickets with nan scores: "
                    f"{n['inverted_padding_mask']['torch_right_nan_tickets']}\n"
                    f"torch nn.TransformerEncoder, mask ids != PAD: tickets with nan scores: {nan_torch}\n"

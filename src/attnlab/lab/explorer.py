@@ -25,7 +25,7 @@ MASKS = (("none", "No mask"), ("padding", "Padding mask"), ("causal", "Causal ma
 
 SCRIPT = """
 (function () {
-  var root = document.getElementById('explorer');
+  var root = document.getElementById('explorer-widget');
   if (!root) { return; }
   var buttons = root.querySelectorAll('button[data-mask]');
   function show(key) {
@@ -150,7 +150,7 @@ def explorer_section() -> Section:
     buttons = "".join(f'<button type="button" data-mask="{key}" aria-pressed="{str(key == "none").lower()}">'
                       f"{esc(label)}</button>" for key, label in MASKS)
     body += (
-        '<div class="explorer" id="explorer">'
+        '<div class="explorer" id="explorer-widget">'
         f'<div class="buttons" role="group" aria-label="mask">{buttons}</div>'
         '<div class="stats">'
         f'<div><span class="label">Hidden cells</span><span class="value"><span id="hidden-count">0</span> of {n * n}</span></div>'

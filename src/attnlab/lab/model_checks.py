@@ -10,11 +10,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from attnlab.lab import figures
 from attnlab.lab.html import Section, check, code, figure, heading, matrix, para, table
-from attnlab.nn import Decoder, DecoderLayer, EncoderLayer, causal_mask, from_keep_mask, padding_mask
+from attnlab.nn import Decoder, DecoderLayer, Encoder, EncoderLayer, causal_mask, from_keep_mask, padding_mask
 from attnlab.presets import MODEL_PRESETS, build_preset
 
 SEED = 10  # the seed's keras.utils.set_random_seed(10)
@@ -60,13 +61,15 @@ def encoder_layer_demo() -> tuple[dict, str]:
 def _stack_and_decoder_layer_demo() -> tuple[dict, str]:
     """Seed 000's encoder-stack call, its decoder layer with a target shorter than the source, its two-layer decoder."""
     torch.manual_seed(SEED)
-    encoder = build_preset("lab-toy").eval().encoder
+    # The seed's encoder: two layers of two full-width heads (Keras key_dim = embedding_dim), vocabulary 32.
+    encoder = Encoder(32, 4, 2, 2, 8, max_positions=5, head_dim=4).eval()
     ids = torch.tensor(STACK_IDS)  # (2, 5), zeros are padding
     layer = DecoderLayer(4, 2, 8, head_dim=4).eval()  # two full-width heads, as the seed's Keras layer
-    target, memory = torch.randn(2, 3, 4), torch.randn(2, 5, 4)  # 3 target positions, 5 source positions
+    target = torch.from_numpy(np.random.default_rng(0).random((2, 3, 4)).astype(np.float32))  # the seed's target_x
     with torch.no_grad():
         states, _ = encoder(ids, attend_mask=padding_mask(ids))  # (2, 5, 4)
-        _, self_w, cross_w = layer(target, memory, self_attend_mask=causal_mask(3),
+        # against the encoder output, as the seed runs it: 3 target positions, 5 source positions
+        _, self_w, cross_w = layer(target, states, self_attend_mask=causal_mask(3),
                                    memory_attend_mask=padding_mask(ids), need_weights=True)
     padded_norms = [round(float(v), 4) for v in states[ids == 0].norm(dim=-1)]
     body = heading("The encoder stack and a decoder layer")
@@ -75,7 +78,7 @@ def _stack_and_decoder_layer_demo() -> tuple[dict, str]:
                  "(layer-normalised: sqrt(d) = 2, like every position)")
     body += check(min(padded_norms) > 0, "padded positions still get output vectors: the padding mask hides them as "
                                          "keys, it does not zero them; later masks and the loss ignore them")
-    body += code(f"decoder layer, target {tuple(target.shape)}, memory {tuple(memory.shape)}:\n"
+    body += code(f"decoder layer, target {tuple(target.shape)}, memory = the encoder output {tuple(states.shape)}:\n"
                  f"  self-attention weights  {tuple(self_w.shape)}  (batch, heads, target, target)\n"
                  f"  cross-attention weights {tuple(cross_w.shape)}  (batch, heads, target, source)")
     body += check(self_w.shape[-1] == 3 and cross_w.shape[-1] == 5,
@@ -104,7 +107,10 @@ def _stack_and_decoder_layer_demo() -> tuple[dict, str]:
     body += check(len(weights) == 4 and above == 0.0 and on_pad == 0.0,
                   "two weight tensors per layer, as the seed counts; after the stack the self-attention is still "
                   "triangular and the cross-attention leaves the source padding at exactly 0")
-    numbers = {"encoder_output_shape": list(states.shape), "padded_output_norms": padded_norms,
+    numbers = {"encoder": {"layers": len(encoder.layers), "vocab_size": encoder.embed.vocab_size,
+                           "heads": encoder.layers[0].self_attn.num_heads},
+               "layer_cross_on_padded_source": float((cross_w * (ids == 0)[:, None, None, :]).sum()),
+               "encoder_output_shape": list(states.shape), "padded_output_norms": padded_norms,
                "decoder_self_attention_shape": list(self_w.shape),
                "decoder_cross_attention_shape": list(cross_w.shape), "block1_head0": block1.tolist(),
                "decoder_stack": {"output_shape": list(decoded.shape), "weight_tensors": sorted(weights),

@@ -233,13 +233,19 @@ def _multiply(n: dict) -> str:
     scores = np.array([-1.0, -2.0, 3.0])  # key 2 hidden; the real scores happen to be negative
     keep = np.array([1.0, 1.0, 0.0])
     multiplied, added = _softmax(scores * keep), _softmax(scores + (1 - keep) * -1e9)
+    after = _softmax(scores) * keep  # masked after the softmax: the right zeros, but the rest no longer sums to 1
     core = masked_softmax(torch.tensor(scores), attend_mask=torch.tensor(keep, dtype=torch.bool))
-    n["multiply"] = {"multiplied": multiplied.tolist(), "added": added.tolist(), "core": core.tolist()}
+    n["multiply"] = {"multiplied": multiplied.tolist(), "added": added.tolist(), "core": core.tolist(),
+                     "after_softmax": after.tolist(), "after_softmax_sum": float(after.sum())}
     return (heading("7. Multiplying the scores by the mask")
-            + code(f"scores {scores.tolist()}, key 2 hidden\nscores * mask        -> "
-                   f"{np.round(multiplied, 4).tolist()}\nscores + (1-mask)*-1e9 -> {np.round(added, 4).tolist()}")
+            + code(f"scores {scores.tolist()}, key 2 hidden\nscores * mask           -> "
+                   f"{np.round(multiplied, 4).tolist()}\nscores + (1-mask)*-1e9  -> {np.round(added, 4).tolist()}\n"
+                   f"softmax(scores) * mask  -> {np.round(after, 4).tolist()}, sum {after.sum():.4f}")
             + check(multiplied[2] > 0 and float(core[2]) == 0.0,
                     f"multiplied, the hidden key keeps e^0 and the largest weight, {multiplied[2]:.4f}; added, 0")
+            + check(after.sum() < 1,
+                    f"multiplied after the softmax, the hidden key gets 0 but the weights sum to {after.sum():.4f}: "
+                    "the context shrinks, by as much as the hidden keys would have taken")
             + para("Caught by <code>causal</code> (decoders) and <code>padding-content</code> (encoders);",
                    "a dropped look-ahead mask also shows in <code>attnlab experiment leak</code>."))
 
@@ -268,7 +274,10 @@ def _questions(n: dict, model: Transformer) -> str:
          f"Sine and cosine of 0 alternate: {np.round(pe0[:8].numpy(), 1).tolist()}..., norm {float(pe0.norm()):.4f} ="
          f" sqrt(d/2) for d = {d}. It is not zero, so the first token is shifted like every other one."),
         ("Why add a large negative number to hidden scores instead of multiplying them by the mask?",
-         f"A zero score still counts e^0 = 1: block 7 gave the hidden key {n['multiply']['multiplied'][2]:.4f}."),
+         f"A zero score still counts e^0 = 1: block 7 gave the hidden key {n['multiply']['multiplied'][2]:.4f}. "
+         f"Multiplied after the softmax, the weights left sum to {n['multiply']['after_softmax_sum']:.4f}, not 1, so "
+         "the context vector shrinks by an amount that depends on how much is padding. Added before the softmax, "
+         "-1e9 underflows to 0 and the real keys share the whole weight."),
         ("Why is the cross-attention padding mask built from the source?",
          "Its keys and values come from the source. Built from the target, block 2's mask hid a real source token"
          f" (weight {n['cross_mask']['cross_weight_on_source_token_3']['source']:.4f} -> 0) and moved the logits by "
