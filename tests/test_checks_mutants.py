@@ -84,3 +84,17 @@ def test_the_mutants_without_their_bug_pass_every_check(kind):
     report = run_checks(model, Contract(contract_kind), seeds=10)
     assert not report.failed, "\n".join(r.describe() for r in report.results if r.failed)
     assert report.result("mode").status == "pass"  # the controls have dropout, so train mode differs
+
+
+@pytest.mark.parametrize(("bug", "kind", "check", "cause"), [
+    ("no_padding_mask", "encoder", "padding-invariance", "no padding mask"),
+    ("mask_query_axis", "encoder", "padding-invariance", "on the queries instead of the keys"),
+    ("pool_includes_padding", "encoder:mean-pooled", "padding-content", "pooling that depend"),
+    ("mask_multiply", "encoder", "padding-content", "built but not applied"),
+    ("batch_stats", "encoder", "batch-independence", "statistics taken across the batch"),
+    ("broadcast_trap", "encoder:attention-pooled", "batch-independence", "(batch, 1, seq) mask"),
+])
+def test_a_failure_names_the_bugs_it_most_often_means(bug, kind, check, cause):
+    model, contract_kind = build(kind, bug)
+    result = run_checks(model, Contract(contract_kind), seeds=3, only=[check]).results[0]
+    assert result.failed and "likely causes:" in result.summary and cause in result.summary

@@ -58,6 +58,7 @@ def check_batch_independence(mut: ModelUnderTest, seeds: Sequence[int]) -> Check
                 evidence.update(source_batch=src_a, other_source_batch=src_b)
             where = f" at position(s) {positions}" if positions else ""
             summary = (f"seed {seed}: row {first[0].tolist()} gave another output{where} (by up to "
-                       f"{diff}) next to other rows")
+                       f"{diff}) next to other rows (likely causes: statistics taken across the batch, a (batch, 1, "
+                       f"seq) mask meeting (batch, seq) scores, masks repeated in another order than the scores)")
             return CheckResult(NAME, "fail", summary, tol, done, evidence)
     return tally.verdict(NAME, tol, len(seeds), "a row's output ignores its neighbours")

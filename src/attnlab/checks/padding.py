@@ -37,6 +37,7 @@ from attnlab.checks.inputs import (
 from attnlab.checks.result import CheckResult, shown
 
 INVARIANCE, CONTENT = "padding-invariance", "padding-content"
+UNDER_PAD = "random ids under the (causal) padding"
 ROWS = 2  # a padded row next to a longer one is all padding needs
 
 
@@ -45,13 +46,23 @@ def _rows(gen: torch.Generator, contract: Contract, width: int, *, padded: bool)
     return [random_tokens(gen, contract, n) for n in random_lengths(gen, ROWS, 1, width, padded=padded)]
 
 
-def _fail(name: str, seed: int, done: int, what: str, row: int, diff: Difference, inputs: dict) -> CheckResult:
-    """A failed padding check; ``what`` says what was changed, in words, with the row's tokens."""
+#: What each kind of failure most often means, for the summary (the evidence says what was changed).
+ALONE_CAUSES = ("no padding mask, one turned the wrong way or put on the queries instead of the keys, a "
+                "cross-attention mask built from the target, or pooling that averages the padding in")
+WIDTH_CAUSES = ("a padding mask built but not applied (in some layer, or in the pooling), or positions or pooling "
+                "that depend on the padded width")
+UNDER_CAUSAL_PAD_CAUSES = "real positions reading what comes after them: a look-ahead leak (see causal)"
+
+
+def _fail(name: str, seed: int, done: int, what: str, row: int, diff: Difference, inputs: dict,
+          causes: str) -> CheckResult:
+    """A failed padding check; ``what`` says what was changed, in words, with the row's tokens; ``causes``
+    what that most often means."""
     positions = [p[0] for p in diff.positions]
     evidence = {"seed": seed, "row": row, **inputs, "positions": positions, "max_diff": diff.max_diff,
                 "bound": diff.bound}
     where = f" at position(s) {shown(positions)}" if positions else ""
-    summary = f"seed {seed}: {what}: output{where} differs by up to {diff}"
+    summary = f"seed {seed}: {what}: output{where} differs by up to {diff} (likely causes: {causes})"
     return CheckResult(name, "fail", summary, TOLERANCE.describe(), done, evidence)
 
 
@@ -75,7 +86,7 @@ def _alone_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int
             inputs.update(source_alone=src_rows[i], padded_source_batch=src)
         source = f" (source {shown(src_rows[i])})" if seq2seq else ""
         what = f"row {shown(row)}{source} alone vs padded in a batch of {ROWS}"
-        return _fail(INVARIANCE, seed, done, what, i, diff, inputs)
+        return _fail(INVARIANCE, seed, done, what, i, diff, inputs, ALONE_CAUSES)
     return None
 
 
@@ -125,7 +136,7 @@ def check_padding_content(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckRes
             filled = tgt.clone()
             hidden = filled == pad
             filled[hidden] = random_tokens(gen, contract, int(hidden.sum()))
-            variants["random ids under the (causal) padding"] = (filled, src)
+            variants[UNDER_PAD] = (filled, src)
         for what, (new_tgt, new_src) in variants.items():
             out = mut.outputs(new_tgt, new_src)
             for i, row in enumerate(tgt_rows):
@@ -136,5 +147,6 @@ def check_padding_content(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckRes
                     inputs = {"input": tgt, "changed_input": new_tgt}
                     if seq2seq:
                         inputs.update(source=src, changed_source=new_src)
-                    return _fail(CONTENT, seed, done, f"{what}, row {i} {shown(row)}", i, diff, inputs)
+                    causes = UNDER_CAUSAL_PAD_CAUSES if what == UNDER_PAD else WIDTH_CAUSES
+                    return _fail(CONTENT, seed, done, f"{what}, row {i} {shown(row)}", i, diff, inputs, causes)
     return tally.verdict(CONTENT, tol, len(seeds), "what sits under the padding changes nothing real")
