@@ -4,6 +4,7 @@ import json
 import random
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -109,6 +110,15 @@ def test_eval_prints_sacrebleu_json_and_writes_hypotheses(toy):
     assert scores["bleu"] == 100.0 and scores["chrf"] == 100.0
     assert "case:mixed" in scores["signature"] and "tok:13a" in scores["signature"]
     assert hyp.read_text(encoding="utf-8").splitlines() == toy["test"][1]
+
+
+def test_eval_keeps_one_default_hypothesis_file_per_beam_and_length_penalty(toy):
+    args = ("eval", "translate", toy["run"], "--src-file", toy["root"] / "test.xx", "--ref-file",
+            toy["root"] / "test.yy", "--json", "--no-progress")
+    written = {json.loads(run_cli(*args, *extra).stdout)["hypotheses"]
+               for extra in (("--beam", "1"), ("--beam", "3"), ("--beam", "3", "--length-penalty", "0.6"))}
+    assert written == {str(toy["run"] / f"hyp.test.xx.{tail}.txt") for tail in ("beam1.lp1", "beam3.lp1", "beam3.lp0.6")}
+    assert all(Path(name).read_text(encoding="utf-8").splitlines() == toy["test"][1] for name in written)
 
 
 def test_an_output_that_would_replace_an_input_or_a_run_file_is_refused_before_any_work(toy, tmp_path):

@@ -18,7 +18,8 @@ from attnlab.errors import AttnlabError
 @click.option("--src-file", required=True, type=PathParam(path_type=Path), help="Source sentences, one a line (.gz ok).")
 @click.option("--ref-file", required=True, type=PathParam(path_type=Path), help="Reference translations, line-aligned.")
 @click.option("--hyp-out", type=PathParam(path_type=Path), default=None,
-              help="Where to write the hypotheses (default: RUN/hyp.<src-file name>.txt).")
+              help="Where to write the hypotheses (default: RUN/hyp.<src-file name>.beam<B>.lp<L>.txt, one file "
+                   "per beam size and length penalty).")
 @decode_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (bleu, chrf, signature, ...).")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
@@ -37,7 +38,9 @@ def eval_translate(run: Path, src_file: Path, ref_file: Path, hyp_out: Path | No
     for option, path in (("--src-file", src_file), ("--ref-file", ref_file)):
         if str(path) == "-":  # two files cannot share one stdin, and the hypotheses are named after the source
             raise AttnlabError(f"{option} names a file; standard input (-) is read by `attnlab translate --input -`")
-    hyp_out = hyp_out or default_output(Path(run) / f"hyp.{Path(src_file).name.removesuffix('.gz')}.txt", "--hyp-out")
+    # Named after the decoding too, so that scoring beam 1 and beam 5 keeps both sets of hypotheses.
+    name = f"hyp.{Path(src_file).name.removesuffix('.gz')}.beam{beam}.lp{length_penalty:g}.txt"
+    hyp_out = hyp_out or default_output(Path(run) / name, "--hyp-out")
     refuse_overwriting(hyp_out, "--hyp-out", run=run, reads=(("--src-file", src_file), ("--ref-file", ref_file)))
     settings = decode_settings(beam, length_penalty, max_len_a, max_len_b, threads)
     translator = load_translator(run)
