@@ -260,6 +260,19 @@ def test_bad_run_folders_are_one_line_and_exit_2(trained, tmp_path):
                                              "resume with --steps more than 7"
     assert "validated on --valid-fraction 0.1 of the training file" in one_error_line(
         run("train", "classify", "--train", train, "--valid", data, "--out", out, *SMALL, "--resume"))
+    # The same names with other bytes: the training file, and a --valid file the best weights were chosen on.
+    checked = tmp_path / "checked"
+    valid = write_tickets(tmp_path / "v.csv", 20, seed=3)
+    assert run("train", "classify", "--train", train, "--valid", valid, "--out", checked, *SMALL, "--steps", "2",
+               "--checkpoint-every", "1").exit_code == 0
+    for edited in (valid, train):
+        kept = edited.read_bytes()
+        edited.write_bytes(kept[: len(kept) // 2].rsplit(b"\n", 1)[0] + b"\n")  # rows cut, the name the same
+        said = one_error_line(run("train", "classify", "--train", train, "--valid", valid, "--out", checked, *SMALL,
+                                  "--steps", "4", "--resume"))
+        assert said == f"error: {edited} has changed since this run started (its bytes differ); resume needs the " \
+                       f"{'validation' if edited == valid else 'training'} file it started with"
+        edited.write_bytes(kept)
 
 
 def _lm_run(tmp_path):

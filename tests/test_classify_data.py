@@ -112,6 +112,11 @@ def test_split_is_seeded_disjoint_and_complete(tmp_path):
     assert sorted(train.texts + valid.texts) == sorted(table.texts)
     with pytest.raises(AttnlabError, match="between 0 and 1"):
         split_off(table, 1.5, seed=0)
+    with pytest.raises(AttnlabError, match=r"--valid-fraction 0.999 of .*'s 50 rows holds out all of them: nothing "
+                                           r"would be left to train on"):
+        split_off(table, 0.999, seed=0)
+    with pytest.raises(AttnlabError, match=r"--valid-fraction 0.001 .* less than one row: nothing would be held out"):
+        split_off(table, 0.001, seed=0)
 
 
 def test_truncation_is_counted_and_no_text_encodes_to_nothing():

@@ -6,7 +6,7 @@ import stat
 import pytest
 
 from attnlab.errors import AttnlabError
-from attnlab.files import atomic_dir, atomic_path, write_text_atomic
+from attnlab.files import atomic_dir, atomic_path, fingerprint, read_lines, refuse_changed, write_text_atomic
 
 
 @pytest.fixture
@@ -127,3 +127,28 @@ def test_a_folder_that_refuses_new_files_is_named_by_the_path_given_not_the_temp
     monkeypatch.setattr(tempfile, "mkstemp", refused)  # as /proc does
     with pytest.raises(AttnlabError, match=r"^cannot write .*out\.txt: No such file or directory$"):
         write_text_atomic(tmp_path / "out.txt", "x")
+
+
+def test_a_resume_is_refused_on_data_whose_bytes_changed_and_the_message_says_how(tmp_path):
+    data, other = tmp_path / "data.txt", tmp_path / "other.txt"
+    data.write_text("one\ntwo\n")
+    other.write_text("one\ntwo\n")
+    saved = fingerprint(data)
+    assert saved == fingerprint(other) and len(saved) == 64
+    refuse_changed(other, saved, what="text", started_with=data)  # the same bytes under another name: fine
+    refuse_changed(data, None, what="text", started_with=data)  # a run that recorded no digest: nothing to compare
+    data.write_text("one\nthree\n")
+    with pytest.raises(AttnlabError, match=r"data.txt has changed since this run started \(its bytes differ\); "
+                                           r"resume needs the text it started with$"):
+        refuse_changed(data, saved, what="text", started_with=tmp_path / "." / "data.txt")
+    with pytest.raises(AttnlabError, match=r"data.txt is not the text this run started with \(.*other.txt\)"):
+        refuse_changed(data, saved, what="text", started_with=other)
+
+
+def test_a_gz_name_is_written_compressed_and_reads_back(tmp_path):
+    path = tmp_path / "out.txt.gz"
+    write_text_atomic(path, "ein Satz\nzwei\n")
+    assert path.read_bytes()[:2] == b"\x1f\x8b" and read_lines(path) == ["ein Satz", "zwei"]
+    first = path.read_bytes()
+    write_text_atomic(path, "ein Satz\nzwei\n")
+    assert path.read_bytes() == first  # no time stamp inside: the same text, the same bytes

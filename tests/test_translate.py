@@ -304,6 +304,21 @@ def test_leaky_model_wins_under_teacher_forcing_and_collapses_free_running(tmp_p
                                                         tmp_path / "a-file", "--threads", "1", "--seed", "2")])
     assert on_file.exit_code == 2 and on_file.stderr == (f"error: {tmp_path / 'a-file'} exists and is not a folder; "
                                                          "--out names a folder\n")
+    # The two runs swapped, or languages the runs do not translate, are refused before anything is measured.
+    def experiment(*args):
+        return CliRunner().invoke(cli, [str(a) for a in ("experiment", "teacher-forcing", "--valid", tmp_path / "valid",
+                                                          "--out", tmp_path / "r4", *args)])
+    swapped = experiment("--correct", runs["leaky"], "--leaky", runs["correct"])
+    assert swapped.exit_code == 2 and swapped.stderr == (
+        f"error: --correct {runs['leaky']} was trained without the look-ahead mask: it is a leaky run; pass it as "
+        "--leaky\n")
+    assert "it is a correct run; pass it as --correct" in experiment("--leaky", runs["correct"]).stderr
+    languages = experiment("--src", "de", "--tgt", "en", "--correct", runs["correct"], "--leaky", runs["leaky"])
+    assert languages.exit_code == 2 and f"--correct {runs['correct']} translates xx to yy, not de to en" in languages.stderr
+    assert not (tmp_path / "r4").exists()
+    again = run_cli("experiment", "teacher-forcing", "--valid", tmp_path / "valid", "--correct", runs["correct"],
+                    "--leaky", runs["leaky"], "--out", tmp_path / "report")  # the run's own languages by default
+    assert f"replacing the report in {tmp_path / 'report'}" in again.stderr
 
 
 def test_overlong_source_is_truncated_with_a_warning(toy):
@@ -367,6 +382,36 @@ def test_resume_continues_a_run_from_its_checkpoint(toy, tmp_path):
                                                              "--resume", *SMALL)])
         assert refused.exit_code == 2 and f"is not the {split} data this run started with" in refused.stderr
     assert (run / "config.json").read_bytes() == before
+
+
+def test_resume_refuses_data_whose_bytes_changed_under_the_same_name(toy, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(toy["run"], run)
+    for name in ("train.xx", "train.yy", "valid.xx", "valid.yy"):  # the run's data, moved where it may change
+        shutil.copy(toy["root"] / name, tmp_path / name)
+    config = json.loads((run / "config.json").read_text())
+    assert set(config["data"]["sha256"]) == {"train.xx", "train.yy", "valid.xx", "valid.yy"}
+    config["data"].update(train=str(tmp_path / "train"), valid=str(tmp_path / "valid"))
+    (run / "config.json").write_text(json.dumps(config))
+    before = {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for name in ("train.yy", "valid.xx"):
+        kept = (tmp_path / name).read_bytes()
+        (tmp_path / name).write_bytes(kept.replace(b"\n", b" x\n", 1))  # one line edited, the name the same
+        refused = CliRunner().invoke(cli, [str(a) for a in ("train", "translate", "--train", tmp_path / "train",
+                                                             "--valid", tmp_path / "valid", "--src", "xx", "--tgt",
+                                                             "yy", "--out", run, "--resume", *SMALL)])
+        assert refused.exit_code == 2 and refused.stderr.count("\n") == 1, refused.output
+        assert f"{tmp_path / name} has changed since this run started" in refused.stderr
+        (tmp_path / name).write_bytes(kept)
+    assert {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_translations_written_to_a_gz_name_are_compressed(toy, tmp_path):
+    import gzip
+
+    out = tmp_path / "hyp.yy.gz"
+    run_cli("translate", toy["run"], "--input", toy["root"] / "test.xx", "--output", out, "--beam", "1", "--no-progress")
+    assert gzip.decompress(out.read_bytes()).decode().splitlines() == toy["test"][1]
 
 
 def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(toy, tmp_path):

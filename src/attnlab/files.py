@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -62,6 +63,28 @@ def read_lines(path: str | Path) -> list[str]:
     if lines[-1] == "":
         lines.pop()
     return [line.removesuffix("\r") for line in lines]
+
+
+def fingerprint(path: str | Path) -> str:
+    """SHA-256 of a file's bytes: a resumed run checks that its data did not change."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def refuse_changed(path: str | Path, saved: str | None, *, what: str, started_with: str | Path) -> None:
+    """Refuse to resume a run on ``path`` unless its bytes are those the run started with (``saved``, their
+    :func:`fingerprint`; None for a run that recorded none). A resumed run repeats its batches exactly only on
+    the same data; ``what`` names it in the message (``"training text"``), ``started_with`` is the path saved."""
+    if saved is None or fingerprint(path) == saved:
+        return
+    if Path(path).resolve() == Path(started_with).resolve():
+        raise AttnlabError(f"{path} has changed since this run started (its bytes differ); resume needs the "
+                           f"{what} it started with")
+    raise AttnlabError(f"{path} is not the {what} this run started with ({started_with}); resume needs the same "
+                       f"{what}")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -153,9 +176,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically."""
+    """Write ``text`` to ``path`` atomically, in UTF-8; gzip-compressed when the name ends in ``.gz``, as the
+    readers (:func:`read_lines`) take such a file."""
     with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+        data = text.encode("utf-8")
+        # mtime 0: the same text gives the same bytes, whenever it is written
+        tmp.write_bytes(gzip.compress(data, mtime=0) if Path(path).name.endswith(".gz") else data)
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:

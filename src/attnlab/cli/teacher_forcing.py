@@ -64,8 +64,19 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
         if given is None and (out / name / "config.json").exists():
             raise AttnlabError(f"{out / name} already holds a run; measure it again with --{name} {out / name}, "
                                "or choose another --out")
-        if given is not None:
-            read_run_config(given, "translate")  # a run of another task, or no run, is named now
+        if given is not None:  # a run of another task, or no run, or the wrong one of the two, is named now
+            run_settings = read_run_config(given, "translate").get("settings", {})
+            masked = run_settings.get("look_ahead_mask", True)
+            if masked != (name == "correct"):
+                other = "leaky" if name == "correct" else "correct"
+                raise AttnlabError(f"--{name} {given} was trained {'with' if masked else 'without'} the look-ahead "
+                                   f"mask: it is a {other} run; pass it as --{other}")
+            pair = (run_settings.get("src"), run_settings.get("tgt"))
+            ctx = click.get_current_context()
+            asked = any(ctx.get_parameter_source(o) == click.core.ParameterSource.COMMANDLINE for o in ("src", "tgt"))
+            if asked and pair != (src, tgt):  # a reused run reads --valid in its own languages
+                raise AttnlabError(f"--{name} {given} translates {pair[0]} to {pair[1]}, not {src} to {tgt} "
+                                   f"(--src/--tgt)")
     with report_warnings():
         for name, given, mask in (("correct", correct, True), ("leaky", leaky, False)):
             if given is not None:
@@ -82,6 +93,8 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
             runs[name] = out / name
         rows = teacher_forcing_rows(runs, valid)
     table = _markdown(rows)
+    if (out / "report.json").exists():  # measuring reused runs again is what the report is for; say it
+        click.echo(f"replacing the report in {out} (report.json, report.md)", err=True)
     write_json_atomic(out / "report.json", rows)
     write_text_atomic(out / "report.md", "# Teacher-forced loss versus free-running BLEU\n\n" + table)
     click.echo(table, nl=False)

@@ -67,7 +67,8 @@ def translate_with_progress(translator: Any, lines: list[str], settings: Any, pr
 @click.option("--input", "input_path", type=PathParam(path_type=Path), default=None,
               help="Translate this file, one sentence a line (.gz allowed; - reads standard input).")
 @click.option("--output", "output_path", type=PathParam(path_type=Path), default=None,
-              help="Write the translations here, one a line (written atomically); - or none: stdout.")
+              help="Write the translations here, one a line (written atomically; .gz: compressed); - or none: "
+                   "stdout.")
 @decode_options
 @click.option("--progress/--no-progress", default=True, help="Progress bar in file mode.")
 def translate(run: Path, sentence: str | None, input_path: Path | None, output_path: Path | None, beam: int,

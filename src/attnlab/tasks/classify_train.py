@@ -25,7 +25,7 @@ from torch import nn
 
 from attnlab.data import UNK_ID, BPETokenizer, WordTokenizer, load_tokenizer, word_tokens
 from attnlab.errors import AttnlabError
-from attnlab.files import ensure_writable_dir, refuse_non_folder, write_json_atomic
+from attnlab.files import ensure_writable_dir, fingerprint, refuse_changed, refuse_non_folder, write_json_atomic
 from attnlab.nn.models import EncoderClassifier
 from attnlab.tasks.classify import TASK_NAME, ClassifyTask, encode_texts
 from attnlab.tasks.classify_features import (
@@ -37,7 +37,7 @@ from attnlab.tasks.classify_features import (
     wordllama_table,
 )
 from attnlab.tasks.classify_models import TextClassifier
-from attnlab.tasks.tables import Table, check_classes, fingerprint, read_table, split_off
+from attnlab.tasks.tables import Table, check_classes, read_table, split_off
 from attnlab.training import TrainConfig, Trainer, distributed, seed_everything
 from attnlab.training.checkpoint import (
     CONFIG,
@@ -343,14 +343,19 @@ def time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySetti
     from the epoch's smallest to its largest are timed, a robust line ``seconds = a + b * padded tokens``
     goes through them (Theil-Sen: one step slowed by another program does not move it), and the epoch is
     that line summed over the epoch's real batches. Two untimed steps first pay for allocation and lazy initialisation, and an untimed evaluation for
-    the imports of the first one. Torch's random state is put back, so the run itself is the same as without
-    the measurement. Under torchrun each process times its own share of the batches through the DDP-wrapped
+    the imports of the first one. Torch's random streams (CPU and GPU) are put back, so the run itself is the
+    same as without the measurement. Under torchrun each process times its own share of the batches through the DDP-wrapped
     model (the gradient all-reduce included), and every process takes the slowest one's training time plus rank
     0's evaluation (they must agree on the number of steps).
     """
+    # The timed steps draw dropout masks: every random stream they use (CPU, and the run's GPU) is put back after.
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []):
+        return _time_one_epoch(model, task, settings, steps)
+
+
+def _time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySettings, steps: int) -> float:
     from scipy.stats import theilslopes
 
-    rng = torch.get_rng_state()
     probe = copy.deepcopy(model)
     with tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(probe, task, settings.train_config(1, 1, progress=False), scratch)
@@ -393,7 +398,6 @@ def time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySetti
         begin = clock()
         task.evaluate(probe)
         eval_seconds = clock() - begin
-    torch.set_rng_state(rng)
     timings = distributed.all_gather((train_seconds, eval_seconds), place)  # (train, eval) of every process
     return max(train for train, _ in timings) + timings[0][1]
 
@@ -443,13 +447,15 @@ def train_classifier(
         settings = replace(settings, **budget)
         if ignored:
             note(ignored)
-        if saved["data"]["train_sha256"] != fingerprint(train_path):
-            raise AttnlabError(f"{train_path} is not the training file this run started with "
-                               f"({saved['data']['train']}); resume needs the same data")
+        refuse_changed(train_path, saved["data"]["train_sha256"], what="training file",
+                       started_with=saved["data"]["train"])
         if saved["data"]["valid"] != (None if valid_path is None else str(valid_path)):
             validated = (f"--valid {saved['data']['valid']}" if saved["data"]["valid"] else
                          f"--valid-fraction {saved['data']['valid_fraction']} of the training file")
             raise AttnlabError(f"this run was validated on {validated}; resume it with the same validation data")
+        if valid_path is not None:  # the best weights were chosen on it: another file would compare apples and pears
+            refuse_changed(valid_path, saved["data"].get("valid_sha256"), what="validation file",
+                           started_with=saved["data"]["valid"])
         if has_checkpoint(out) and "epochs" not in length:  # said before the data is read (epochs need it)
             steps = length.get("steps", int(saved["train"]["max_steps"]))
             refuse_ended(out, steps=steps, max_seconds=settings.max_seconds, steps_option="--steps",
@@ -537,6 +543,7 @@ def train_classifier(
             "label_column": data.train.label_column,
             "data": {"train": str(train_path), "train_sha256": fingerprint(train_path),
                      "valid": None if valid_path is None else str(valid_path),
+                     "valid_sha256": None if valid_path is None else fingerprint(valid_path),
                      "valid_fraction": None if valid_path is not None else settings.valid_fraction,
                      "train_rows": len(data.train), "valid_rows": len(data.valid),
                      "truncated": {"train": train_enc.truncated, "valid": valid_enc.truncated}},

@@ -30,7 +30,7 @@ from typing import Any
 from torch import nn
 
 from attnlab.errors import AttnlabError
-from attnlab.files import ensure_writable_dir, refuse_non_folder, write_json_atomic
+from attnlab.files import ensure_writable_dir, fingerprint, refuse_changed, refuse_non_folder, write_json_atomic
 from attnlab.nn.models import DecoderLM
 from attnlab.tasks.lm import (
     RESULT_FILE,
@@ -44,7 +44,6 @@ from attnlab.tasks.lm import (
     measure_peak_matmul,
     torch_threads,
 )
-from attnlab.tasks.tables import fingerprint
 from attnlab.training import TrainConfig, distributed, seed_everything
 from attnlab.training.checkpoint import (
     CONFIG,
@@ -297,10 +296,9 @@ def train_language_model(
         ignored = ignored_on_resume(requested or {}, asdict(settings))
         if ignored and is_main_process():
             print(ignored, file=sys.stderr)
-        started_on = run_config.get("data", {}).get("text_sha256")
-        if started_on is not None and data is None and started_on != fingerprint(text):
-            raise AttnlabError(f"{text} is not the text this run started with ({run_config['data']['text']}); "
-                               "resume needs the same text")
+        if data is None:
+            run_data = run_config.get("data", {})
+            refuse_changed(text, run_data.get("text_sha256"), what="text", started_with=run_data.get("text", text))
         lengthened = settings.steps != before.steps
         reached = refuse_ended(out, steps=settings.steps, max_seconds=settings.max_seconds, steps_option="--steps",
                                lengthened=lengthened)

@@ -15,7 +15,6 @@ row's number.
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -187,19 +186,14 @@ def split_off(table: Table, fraction: float, seed: int) -> tuple[Table, Table]:
     if not 0.0 < fraction < 1.0:
         raise AttnlabError(f"--valid-fraction must be between 0 and 1, got {fraction}")
     n_valid = round(len(table) * fraction)
-    if n_valid < 1 or n_valid >= len(table):
-        raise AttnlabError(f"{table.path} has {len(table)} rows: too few to hold out {fraction:.0%} for validation")
+    if n_valid < 1:
+        raise AttnlabError(f"--valid-fraction {fraction:g} of {table.path}'s {len(table)} rows is less than one row: "
+                           "nothing would be held out for validation")
+    if n_valid >= len(table):
+        raise AttnlabError(f"--valid-fraction {fraction:g} of {table.path}'s {len(table)} rows holds out all of "
+                           "them: nothing would be left to train on")
     order = list(range(len(table)))
     random.Random(seed).shuffle(order)
     valid, train = sorted(order[:n_valid]), sorted(order[n_valid:])
     return (table.subset(train, f"{table.path} (training part)"),
             table.subset(valid, f"{table.path} (validation part)"))
-
-
-def fingerprint(path: str | Path) -> str:
-    """SHA-256 of a file's bytes: a resumed run checks that its training data did not change."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from attnlab.data import BOS_ID, EOS_ID, PAD_ID, BPETokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
-from attnlab.files import refuse_non_folder, write_json_atomic
+from attnlab.files import fingerprint, refuse_changed, refuse_non_folder, write_json_atomic
 from attnlab.nn import Transformer, padding_mask
 from attnlab.nn.attention import KVCache
 from attnlab.tasks.decoding import DecodeSettings, max_lengths, translate_ids
@@ -40,6 +40,7 @@ from attnlab.tasks.parallel_data import (
     read_lines,
     read_parallel,
     real_tokens,
+    side_path,
     sorted_chunks,
     source_ids,
     token_batches,
@@ -288,12 +289,25 @@ def _silent(_line: str) -> None:
     """The log of a process other than rank 0."""
 
 
-def _same_data(saved: dict[str, str], **given: str | Path) -> None:
-    """Refuse a resume on other training or validation data than the run's (its batches would not repeat)."""
+def _data_record(settings: TranslateSettings, **given: str | Path) -> dict[str, Any]:
+    """What ``config.json`` keeps of the data: each prefix, and the SHA-256 of each of its two files."""
+    files = {f"{split}.{lang}": side_path(prefix, lang) for split, prefix in given.items()
+             for lang in (settings.src, settings.tgt)}
+    return {**{split: str(prefix) for split, prefix in given.items()},
+            "sha256": {key: fingerprint(path) for key, path in files.items()}}
+
+
+def _same_data(saved: dict[str, Any], **given: str | Path) -> None:
+    """Refuse a resume on other training or validation data than the run's, by name or by content (its batches
+    would not repeat, and its best weights were chosen on the validation data)."""
     for split, path in given.items():
         if split in saved and Path(saved[split]).resolve() != Path(path).resolve():
             raise AttnlabError(f"--{split} {path} is not the {split} data this run started with ({saved[split]}); "
                                "resume needs the same data")
+    for key, digest in saved.get("sha256", {}).items():  # runs from before the digests have none
+        split, lang = key.split(".", 1)
+        side = side_path(given[split], lang)
+        refuse_changed(side, digest, what=f"{split} data", started_with=side)
 
 
 def _resumed_config(out: Path, run_cfg: dict[str, Any], saved: TranslateSettings, requested: dict[str, Any],
@@ -408,7 +422,7 @@ def train_translation(
             out.mkdir(parents=True, exist_ok=True)
             save_tokenizers(out, src_tok, tgt_tok, settings)
             write_run_config(out, {"task": TASK, "model": model_config(model), "train": config_dict(config),
-                                   "settings": asdict(settings), "data": {"train": str(train), "valid": str(valid)}})
+                                   "settings": asdict(settings), "data": _data_record(settings, train=train, valid=valid)})
     task = TranslationTask(train_pairs, valid_pairs, valid_sources, valid_ref, tgt_tok, settings, seed=config.seed)
     log(f"{len(train_pairs)} training pairs, {len(valid_pairs)} validation pairs; model {type(model).__name__} "
         f"with {model.num_parameters():,} parameters")
