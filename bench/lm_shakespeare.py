@@ -133,10 +133,10 @@ def main() -> None:
         raise SystemExit(f"no text file {args.text} (tinyshakespeare's input.txt)")
     out = args.out or Path(tempfile.mkdtemp(prefix="lm_shakespeare_"))
     env = dict(os.environ)
-    # Every process here, the reference included, waits for work the same way. attnlab's commands make idle
-    # OpenMP threads sleep (PASSIVE) unless told otherwise, which protects a shared machine and costs ~6% on an
-    # idle one; the reference runs with libgomp's default (spin, then sleep). Spinning for all is the fair
-    # setting on the idle machine this benchmark is meant for; --passive measures the other one.
+    # Every process here, the reference included, waits for work the same way. attnlab's LM commands spin on an
+    # idle machine and sleep on a busy one (src/attnlab/cli/omp_wait.py); the reference would run with libgomp's
+    # default (spin a little, then sleep), 15-25% slower than spinning on an idle machine. Spinning for all is
+    # the fair setting on the idle machine this benchmark is meant for; --passive measures the other one.
     env["OMP_WAIT_POLICY"] = "PASSIVE" if args.passive else "ACTIVE"
     if not args.warm_cache:
         env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor_cache_")

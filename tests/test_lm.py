@@ -5,7 +5,10 @@ Every text is written here; nothing is read from ../shared.
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -532,3 +535,32 @@ def test_a_tokenizer_of_another_size_than_the_model_is_one_error(run, tmp_path):
     result = invoke("generate", mixed, "--prompt", "the", "--max-new-tokens", 5)
     assert result.exit_code == 2 and result.stdout == ""
     assert "tokenizer.json has" in result.stderr and "the run folder mixes files of different runs" in result.stderr
+
+
+def test_openmp_threads_spin_on_an_idle_machine_and_sleep_on_a_busy_one():
+    from attnlab.cli.omp_wait import busy_cores, wait_policy
+
+    start = "cpu  100 0 100 1000 10 0 0 0 0 0\ncpu0 50 0 50 500 5 0 0 0 0 0\n"
+    quiet = "cpu  101 0 101 1198 10 0 0 0 0 0\n"  # 2 busy ticks of 200 on 2 cores: 0.02 of a core
+    loaded = "cpu  200 0 100 1100 10 0 0 0 0 0\n"  # 100 busy ticks of 200: one core
+    assert busy_cores(start, loaded, 2) == 1.0 and busy_cores(start, quiet, 2) == pytest.approx(0.02)
+
+    def policy(*readings):
+        texts = iter(readings)
+        return wait_policy(lambda: next(texts), cores=2, pause=lambda seconds: None)
+
+    assert policy(start, quiet) == "ACTIVE" and policy(start, loaded) == "PASSIVE"
+    assert policy("not a stat file", quiet) == "PASSIVE"  # what cannot be read leaves threads asleep
+
+    def unreadable():
+        raise OSError("no /proc here")
+
+    assert wait_policy(unreadable, cores=2, pause=lambda seconds: None) == "PASSIVE"
+
+
+@pytest.mark.parametrize("given", ["ACTIVE", "PASSIVE", None])
+def test_the_language_model_commands_keep_a_wait_policy_the_user_set(given):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | ({"OMP_WAIT_POLICY": given} if given else {})
+    code = "import os, attnlab.cli.train_lm; print(os.environ['OMP_WAIT_POLICY'])"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == given if given else done.stdout.strip() in ("ACTIVE", "PASSIVE")

@@ -38,7 +38,7 @@ def leak(text: Path, out: Path, steps: int | None, sample_tokens: int, progress:
     The settings, the text and --out are checked before anything is written: a refused run leaves no folder."""
     from rich.table import Table
 
-    from attnlab.cli import omp_passive  # noqa: F401  (before torch is imported)
+    from attnlab.cli import omp_wait  # noqa: F401  (before torch is imported)
     from attnlab.cli.console import console as stdout_console
     from attnlab.tasks.leak import LEAK_SETTINGS, run_leak_experiment, summary
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from attnlab.cli import SEED, omp_passive  # noqa: F401  (omp_passive: before torch is imported)
+from attnlab.cli import SEED, omp_wait  # noqa: F401  (omp_wait: before torch is imported)
 from attnlab.cli.params import FiniteFloat, PathParam
 from attnlab.data.tokenizers import UNK_ID, CharTokenizer, Tokenizer, load_tokenizer
 from attnlab.errors import AttnlabError

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from attnlab.cli import SEED, omp_passive  # noqa: F401  (omp_passive: before torch is imported)
+from attnlab.cli import SEED, omp_wait  # noqa: F401  (omp_wait: before torch is imported)
 from attnlab.cli.params import FiniteFloat, PathParam
 from attnlab.cli.train import says_how_to_continue
 from attnlab.tasks.lm import PEAK_REPEATS, PEAK_SIZE, LMData
