@@ -7,7 +7,8 @@ Runs, one after the other in this one invocation:
 1. ``attnlab train lm --text INPUT --preset shakespeare-fast``: wall time to the final validation loss,
    against nanoGPT's 99 s and 1.886 (target: loss <= 1.88 in at most half the time);
 2. ``attnlab train lm --text INPUT --preset nanogpt-cpu``: nanoGPT's configuration in float32, its steady
-   training throughput against nanoGPT's ~17,000 tokens/s (target: >= 1.3x), and its validation loss;
+   training throughput against nanoGPT's ~17,000 tokens/s (target: >= 1.3x), and its validation loss; then the
+   same with ``--compile``;
 3. ``attnlab generate`` on run 2, 500 new tokens, with and without the KV cache (issue: >= 5x faster).
 
 Each target is reported twice: against the issue's nanoGPT measurements (nanoGPT run on this machine kind on
@@ -179,6 +180,13 @@ def main() -> None:
             rows.append(f"(b0) same run: nanogpt-cpu trains at {same:.2f} x the re-created nanoGPT's tokens/s "
                         f"({base['steady_tokens_per_second']:,.0f} vs {ref['steady_tokens_per_second']:,.0f}); target "
                         f">= {TARGET_THROUGHPUT} x: {'MET' if same >= TARGET_THROUGHPUT else 'NOT MET'}")
+        # The same configuration compiled (Inductor fuses the elementwise work and the written-out attention):
+        # steady throughput only, compilation being paid once at the start.
+        compiled, _ = train(args.text, out / "nanogpt-compiled", "nanogpt-cpu", env, "--compile")
+        rows.append(f"(b1) nanogpt-cpu --compile: {compiled['steady_tokens_per_second']:,.0f} training tokens/s steady"
+                    + (f" = {compiled['steady_tokens_per_second'] / ref['steady_tokens_per_second']:.2f} x the "
+                       f"re-created nanoGPT's, same run" if ref is not None else "")
+                    + f"; val loss {compiled['val_loss']:.4f}, wall {compiled['wall_seconds']:.1f} s with compilation")
         if not args.skip_fast:  # both recipes on this machine, in this run: the like-for-like time ratio
             same = fast["wall_seconds"] / base["wall_seconds"]
             rows.append(f"(a') on this machine, same run: shakespeare-fast took {same:.2f} x the wall time of the "
