@@ -19,6 +19,7 @@ from attnlab.nn import (
     causal_mask,
     from_keep_mask,
     from_key_padding_mask,
+    masked_softmax,
     padding_mask,
     scaled_dot_product_attention,
 )
@@ -308,3 +309,24 @@ def test_encoder_and_decoder_layers_compute_what_torchs_compute_with_the_same_we
     causal = nn.Transformer.generate_square_subsequent_mask(5)
     torch.testing.assert_close(dec(x, memory, self_attend_mask=causal_mask(5))[0], t_dec(x, memory, tgt_mask=causal),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_half_precision_attention_on_the_cpu_is_written_out_with_a_float32_softmax(monkeypatch):
+    """bfloat16 on the CPU takes the written-out path (the fused kernel is slow backward there); its softmax
+    runs in float32, so it stays within bfloat16's rounding of the float32 result, and hidden keys stay at 0."""
+    import attnlab.nn.attention as attention
+
+    calls = []
+    reference = attention.attention_reference
+    monkeypatch.setattr(attention, "attention_reference", lambda *a, **k: calls.append(1) or reference(*a, **k))
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 6, 8) for _ in range(3))
+    mask = causal_mask(6)
+    exact, _ = scaled_dot_product_attention(q, k, v, attend_mask=mask)
+    assert not calls  # float32: the fused kernel
+    half, weights = scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), attend_mask=mask)
+    assert calls and weights is None and half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.float(), exact, rtol=0.02, atol=0.02)
+    probs = masked_softmax(torch.randn(4, 5).bfloat16() * 30, attend_mask=torch.tensor([[True] * 4 + [False]]))
+    assert probs.dtype == torch.bfloat16 and (probs[:, -1] == 0).all()
+    torch.testing.assert_close(probs.float().sum(-1), torch.ones(4), rtol=0, atol=0.01)
