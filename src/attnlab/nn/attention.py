@@ -41,8 +41,10 @@ def masked_softmax(scores: Tensor, *, attend_mask: Tensor | None = None) -> Tens
     if attend_mask is not None:
         check_attend_mask(attend_mask, scores.shape)
         scores = scores.masked_fill(~attend_mask, float("-inf"))
-    # In float32 for bfloat16 or float16 scores (as the fused kernels accumulate), then back to their dtype.
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+    if scores.dtype in (torch.bfloat16, torch.float16):  # in float32, as the fused kernels accumulate, then back
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+    else:  # float32 and float64 keep their own precision
+        weights = torch.softmax(scores, dim=-1)
     if attend_mask is None:
         return weights
     return weights.masked_fill(~attend_mask.any(dim=-1, keepdim=True), 0.0)
