@@ -330,3 +330,10 @@ def test_half_precision_attention_on_the_cpu_is_written_out_with_a_float32_softm
     probs = masked_softmax(torch.randn(4, 5).bfloat16() * 30, attend_mask=torch.tensor([[True] * 4 + [False]]))
     assert probs.dtype == torch.bfloat16 and (probs[:, -1] == 0).all()
     torch.testing.assert_close(probs.float().sum(-1), torch.ones(4), rtol=0, atol=0.01)
+
+
+def test_float16_attention_on_the_cpu_stays_on_the_fused_kernel_where_large_scores_stay_finite():
+    q = k = torch.full((1, 1, 4, 64), 40.0, dtype=torch.float16)  # q.k = 102,400: past float16's 65,504
+    out, _ = scaled_dot_product_attention(q, k, torch.ones(1, 1, 4, 64, dtype=torch.float16),
+                                          attend_mask=causal_mask(4))
+    assert torch.isfinite(out).all()

@@ -163,3 +163,79 @@ def test_hugging_face_decoders_are_driven_through_their_cache_and_encoders_skip(
     bert = transformers.BertModel(transformers.BertConfig(**config), add_pooling_layer=False).eval()
     skipped = kv_cache(bert, pad_id=None)
     assert skipped.status == "skip" and "keeps no key/value cache" in skipped.summary
+
+
+class SourcePaddingIgnoredWhenCached(Transformer):
+    """The bug: cached decoding drops the source's padding mask (its cross-attention reads the padding)."""
+
+    def decode(self, tgt, memory, *, memory_attend_mask, need_weights=False, caches=None):
+        if caches is not None:
+            memory_attend_mask = torch.ones_like(memory_attend_mask)
+        return super().decode(tgt, memory, memory_attend_mask=memory_attend_mask, need_weights=need_weights,
+                              caches=caches)
+
+
+class MemoryAlone(Transformer):
+    """A seq2seq model whose encode gives the memory alone (its source has no padding to hide)."""
+
+    def encode(self, src):
+        return super().encode(src)[0]
+
+    def forward(self, src, tgt):
+        return self.decode(tgt, self.encode(src))[0]
+
+    def decode(self, tgt, memory, *, memory_attend_mask=None, need_weights=False, caches=None):
+        mask = torch.ones(memory.shape[0], 1, 1, memory.shape[1], dtype=torch.bool)
+        return super().decode(tgt, memory, memory_attend_mask=mask, need_weights=need_weights, caches=caches)
+
+
+def test_seq2seq_sources_are_padded_so_a_cached_decode_that_reads_source_padding_fails():
+    torch.manual_seed(0)
+    model = SourcePaddingIgnoredWhenCached(32, 32, 16, 2, 2, 32, max_src_positions=16, max_tgt_positions=16)
+    result = kv_cache(model, "seq2seq")
+    assert result.failed and 0 in result.evidence["source"]  # the padded source row is the one that differs
+    torch.manual_seed(0)
+    alone = MemoryAlone(32, 32, 16, 2, 2, 32, max_src_positions=16, max_tgt_positions=16)
+    assert kv_cache(alone, "seq2seq").status == "pass"  # the memory alone: no source mask on either path
+
+
+class HandWritten(nn.Module):
+    """Not a Hugging Face model, though it has a config and a forward taking past_key_values and use_cache."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = {"vocab": 32}
+        self.embed = nn.Embedding(32, 8)
+
+    def forward(self, ids, past_key_values=None, use_cache=False):
+        return self.embed(ids).cumsum(1)
+
+
+def test_a_model_that_only_looks_like_hugging_face_skips_instead_of_failing():
+    result = kv_cache(HandWritten(), pad_id=None)
+    assert result.status == "skip" and "no key/value cache" in result.summary
+
+
+def test_an_hf_adapter_hides_its_pad_id_on_the_cached_path_too():
+    transformers = pytest.importorskip("transformers")
+    from attnlab.checks import HFAdapter
+
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=32, n_embd=16, n_layer=2, n_head=2,
+                                                                n_positions=16)).eval()
+    # The contract lets ids hold 0, which the adapter (pad id 0) hides: both paths must hide it alike.
+    assert kv_cache(HFAdapter(gpt2, pad_id=0), pad_id=None, seeds=5).status == "pass"
+
+
+class NaNWhenCached(DecoderLM):
+    """The bug: a cached step divides by the number of cached positions, 0 on the first one."""
+
+    def forward(self, ids, *, caches=None, return_attention=False):
+        out = super().forward(ids, caches=caches)
+        return out if caches is None else out / torch.tensor(float(len(caches[0]) - ids.shape[1] > 0))
+
+
+def test_a_cached_path_that_gives_nan_where_the_full_pass_is_finite_fails():
+    torch.manual_seed(0)
+    result = kv_cache(NaNWhenCached(32, 16, 2, 2, max_positions=16), pad_id=None)
+    assert result.failed and "not finite on the cached path but finite on the full forward pass" in result.summary

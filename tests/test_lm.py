@@ -551,6 +551,8 @@ def test_openmp_threads_spin_on_an_idle_machine_and_sleep_on_a_busy_one():
 
     assert policy(start, quiet) == "ACTIVE" and policy(start, loaded) == "PASSIVE"
     assert policy("not a stat file", quiet) == "PASSIVE"  # what cannot be read leaves threads asleep
+    assert policy(start, start) == "PASSIVE"  # counters that did not move tell nothing
+    assert policy(loaded, start) == "PASSIVE"  # nor do counters that went back
 
     def unreadable():
         raise OSError("no /proc here")
@@ -576,3 +578,13 @@ def test_the_fast_preset_uses_bfloat16_only_where_the_cpu_computes_in_it(monkeyp
     assert lm_train.native_bf16() is False
     monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
     assert lm_train.native_bf16() is False  # a torch without the probe: float32
+
+
+def test_a_char_prompt_is_never_said_to_hold_unknown_pieces(run):
+    """Id 1 is <unk> in a subword vocabulary but a real character in a char one (here the first sorted one)."""
+    from attnlab.data import UNK_ID, load_tokenizer
+
+    tokenizer = load_tokenizer(run[0] / "tokenizer.json")
+    first = tokenizer.decode([UNK_ID])
+    result = invoke("generate", run[0], "--prompt", f"the{first}fox", "--max-new-tokens", "2", "--seed", "0")
+    assert result.exit_code == 0 and "not in the vocabulary" not in result.stderr, result.stderr

@@ -117,7 +117,7 @@ def test_eval_keeps_one_default_hypothesis_file_per_beam_and_length_penalty(toy)
             toy["root"] / "test.yy", "--json", "--no-progress")
     written = {json.loads(run_cli(*args, *extra).stdout)["hypotheses"]
                for extra in (("--beam", "1"), ("--beam", "3"), ("--beam", "3", "--length-penalty", "0.6"))}
-    assert written == {str(toy["run"] / f"hyp.test.xx.{tail}.txt") for tail in ("beam1.lp1", "beam3.lp1", "beam3.lp0.6")}
+    assert written == {str(toy["run"] / f"hyp.test.xx.{tail}.txt") for tail in ("beam1.lp1.0", "beam3.lp1.0", "beam3.lp0.6")}
     assert all(Path(name).read_text(encoding="utf-8").splitlines() == toy["test"][1] for name in written)
 
 
@@ -390,8 +390,10 @@ def test_resume_refuses_data_whose_bytes_changed_under_the_same_name(toy, tmp_pa
     for name in ("train.xx", "train.yy", "valid.xx", "valid.yy"):  # the run's data, moved where it may change
         shutil.copy(toy["root"] / name, tmp_path / name)
     config = json.loads((run / "config.json").read_text())
-    assert set(config["data"]["sha256"]) == {"train.xx", "train.yy", "valid.xx", "valid.yy"}
+    assert set(config["data"]["files"]) == {"train.xx", "train.yy", "valid.xx", "valid.yy"}
     config["data"].update(train=str(tmp_path / "train"), valid=str(tmp_path / "valid"))
+    for key, file in config["data"]["files"].items():
+        file["path"] = str(tmp_path / key)
     (run / "config.json").write_text(json.dumps(config))
     before = {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     for name in ("train.yy", "valid.xx"):

@@ -110,3 +110,17 @@ def test_a_missing_validation_corpus_is_said_before_the_tokenizer_is_trained(tmp
                                                   f"{tmp_path / 'nothing'}.xx.gz (a corpus prefix names PREFIX.xx, "
                                                   "optionally .gz)"]  # no "training BPE" line before it
     assert not (tmp_path / "run").exists()
+
+
+def test_a_resume_checks_the_corpus_file_it_read_even_when_an_unzipped_copy_appears_beside_it(tmp_path):
+    from attnlab.files import fingerprint
+    from attnlab.tasks.translate import _same_data
+
+    zipped = tmp_path / "train.xx.gz"
+    zipped.write_bytes(gzip.compress(b"ka lo\n"))
+    saved = {"train": str(tmp_path / "train"), "files": {"train.xx": {"path": str(zipped), "sha256": fingerprint(zipped)}}}
+    (tmp_path / "train.xx").write_text("ka lo\n")  # gunzip -k: the prefix now finds the plain file first
+    _same_data(saved, train=tmp_path / "train")
+    zipped.write_bytes(gzip.compress(b"ka mi\n"))
+    with pytest.raises(AttnlabError, match="train.xx.gz has changed since this run started"):
+        _same_data(saved, train=tmp_path / "train")

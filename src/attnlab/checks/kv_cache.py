@@ -8,7 +8,7 @@ twice or not at all, and a look-ahead mask built for the new tokens alone. A mod
 later tokens (a missing look-ahead mask) fails here too, since a cache holds only the past; ``causal``
 names that bug.
 
-Per seed, a batch of two unpadded rows is run whole, then through the cache: a prefix at once, then the rest
+Per seed, a batch of two unpadded rows (with a padded source for seq2seq) is run whole, then through the cache: a prefix at once, then the rest
 in chunks (with the first seed one token at a time, as generation feeds them, over the longest rows up to
 :data:`LONGEST`; with the others chunks of one to three tokens over rows of random width, which a mask built
 without the cached positions in mind gets wrong). Every position must agree. The two paths run different
@@ -16,8 +16,8 @@ kernels, so the tolerance is that of ``inference-path``.
 
 The check drives the caches it knows (:func:`cache_protocol`): attnlab's, which a model of any author can
 offer (``new_caches()``, and ``forward(ids, *, caches)`` taking the new positions only, the cached ones
-counted by the caches; for seq2seq ``encode(src)`` and ``decode(tgt, memory, memory_attend_mask=...,
-caches=...)``), and a Hugging Face decoder's ``cache`` (``past_key_values`` before transformers 5), the
+counted by the caches; for seq2seq ``encode(src)``, giving the memory or (memory, its mask), and ``decode(tgt,
+memory, memory_attend_mask=..., caches=...)``), and a Hugging Face decoder's ``cache`` (``past_key_values`` before transformers 5), the
 model itself or inside :class:`~attnlab.checks.adapters.HFAdapter`. Any other model skips, with the reason.
 """
 
@@ -33,7 +33,8 @@ from torch import Tensor, nn
 from attnlab.checks.adapters import HFAdapter
 from attnlab.checks.calling import ModelRaised, ModelUnderTest, OutputError
 from attnlab.checks.compare import EPS_FACTOR, TOLERANCE, Tally
-from attnlab.checks.inputs import generator, randint, random_source, random_tokens
+from attnlab.checks.contract import Contract
+from attnlab.checks.inputs import generator, pad_rows, randint, random_lengths, random_tokens, short_width
 from attnlab.checks.result import CheckResult, shown
 
 NAME = "kv-cache"
@@ -84,8 +85,10 @@ def _attnlab_seq2seq(model: Any) -> Start | None:
         state: list[Any] = []  # memory, its mask and the caches, made inside the first step
 
         def step(tgt: Tensor) -> Any:
-            if not state:
-                state.extend((*model.encode(src), model.new_caches()))
+            if not state:  # encode gives (memory, its mask), as attnlab's Transformer does, or the memory alone
+                encoded = model.encode(src)
+                memory, memory_mask = encoded if isinstance(encoded, tuple | list) else (encoded, None)
+                state.extend((memory, memory_mask, model.new_caches()))
             memory, memory_mask, caches = state
             return model.decode(tgt, memory, memory_attend_mask=memory_mask, caches=caches)
         return step
@@ -94,19 +97,22 @@ def _attnlab_seq2seq(model: Any) -> Start | None:
 
 def _hugging_face_decoder(model: Any) -> Start | None:
     inner = model.model if isinstance(model, HFAdapter) else model
+    pad_id = model.pad_id if isinstance(model, HFAdapter) else None  # the adapter hides it in the full pass
     forward = getattr(inner, "forward", None)
     # transformers 5 renamed past_key_values to cache (in the call and the output); earlier ones know only the first
     name = next((n for n in ("cache", "past_key_values") if _takes(forward, n)), None)
-    if not (isinstance(inner, nn.Module) and hasattr(inner, "config") and name and _takes(forward, "use_cache")):
+    called_as_hf = all(_takes(forward, n) for n in ("input_ids", "attention_mask", "use_cache"))
+    if not (isinstance(inner, nn.Module) and hasattr(inner, "config") and name and called_as_hf):
         return None
 
     def start(src: Tensor | None) -> Callable[[Tensor], Any]:
-        held: list[Any] = [None, 0]  # the cache, and how many positions it holds
+        held: list[Any] = [None, None]  # the cache, and the ids it holds
 
         def step(ids: Tensor) -> Any:
-            seen = held[1] + ids.shape[1]  # the mask covers the cached positions and the new ones (no padding)
-            out = inner(input_ids=ids, attention_mask=ids.new_ones(ids.shape[0], seen), use_cache=True,
-                        **{name: held[0]})
+            seen = ids if held[1] is None else torch.cat((held[1], ids), dim=1)
+            # the mask covers the cached positions and the new ones, as the adapter's full pass builds it
+            mask = torch.ones_like(seen) if pad_id is None else (seen != pad_id).long()
+            out = inner(input_ids=ids, attention_mask=mask, use_cache=True, **{name: held[0]})
             held[:] = getattr(out, name, None), seen
             if held[0] is None:  # an encoder (BERT) takes the argument and keeps nothing
                 raise _NoCache(f"the model takes use_cache but returned no {name}: it keeps no key/value cache")
@@ -132,6 +138,18 @@ def cache_protocol(model: Any, kind: str) -> tuple[str, Start] | None:
         if start is not None:
             return words, start
     return None
+
+
+def _source(gen: torch.Generator, contract: Contract) -> Tensor | None:
+    """For seq2seq, two source rows, one of them right-padded when the contract has a pad id: decoding reads
+    padded sources in batches (translation does), so a cached decode must hide source padding as the full pass
+    does. The target side stays unpadded, as decoding feeds it."""
+    if contract.kind != "seq2seq":
+        return None
+    width = randint(gen, 2, short_width(contract))
+    pad = contract.pad_id
+    lengths = random_lengths(gen, 2, 1, width, padded=True) if pad is not None else [width] * 2
+    return pad_rows([random_tokens(gen, contract, n) for n in lengths], width, pad)
 
 
 def _chunks(gen: torch.Generator, width: int, singles: bool) -> list[int]:
@@ -177,7 +195,7 @@ def check_kv_cache(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
         mut.seed, gen = seed, generator(NAME, seed)
         first = done == 1
         width = longest if first else randint(gen, 2, longest)
-        ids, src = random_tokens(gen, contract, 2, width), random_source(gen, contract, 2)
+        ids, src = random_tokens(gen, contract, 2, width), _source(gen, contract)
         sizes = _chunks(gen, width, singles=first)
         full = mut.outputs(ids, src)
         try:
@@ -187,6 +205,16 @@ def check_kv_cache(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
                 return CheckResult(NAME, "skip", str(raised.error), tol)
             raise
         for row in range(2):
+            finite = bool(torch.isfinite(full[row]).all()), bool(torch.isfinite(cached[row]).all())
+            if finite[0] != finite[1]:  # NaN on one path only is itself the finding, not a comparison to skip
+                paths = ("the cached path", "the full forward pass")[:: 1 if finite[0] else -1]
+                evidence = {"seed": seed, "input": ids[row], "row": row, "chunks": sizes, "protocol": words,
+                            "finite_full_pass": finite[0], "finite_cached_path": finite[1]}
+                if src is not None:
+                    evidence["source"] = src[row]
+                return CheckResult(NAME, "fail", f"seed {seed}: row {row}'s output is not finite on {paths[0]} but "
+                                   f"finite on {paths[1]} ({words}; chunks {shown(sizes)}); input {shown(ids[row])}",
+                                   tol, done, evidence)
             diff = mut.compare(full[row], cached[row], TOLERANCE.for_kernels(full.dtype))
             if not tally.judge(diff) or diff.same:
                 continue

@@ -39,7 +39,7 @@ def eval_translate(run: Path, src_file: Path, ref_file: Path, hyp_out: Path | No
         if str(path) == "-":  # two files cannot share one stdin, and the hypotheses are named after the source
             raise AttnlabError(f"{option} names a file; standard input (-) is read by `attnlab translate --input -`")
     # Named after the decoding too, so that scoring beam 1 and beam 5 keeps both sets of hypotheses.
-    name = f"hyp.{Path(src_file).name.removesuffix('.gz')}.beam{beam}.lp{length_penalty:g}.txt"
+    name = f"hyp.{Path(src_file).name.removesuffix('.gz')}.beam{beam}.lp{length_penalty!r}.txt"  # repr: exact
     hyp_out = hyp_out or default_output(Path(run) / name, "--hyp-out")
     refuse_overwriting(hyp_out, "--hyp-out", run=run, reads=(("--src-file", src_file), ("--ref-file", ref_file)))
     settings = decode_settings(beam, length_penalty, max_len_a, max_len_b, threads)

@@ -66,7 +66,9 @@ def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float
                                "writes: it cannot stop there", err=True)
         if greedy and num_samples > 1:
             click.echo("note: --greedy takes the most likely token every time: the samples are all the same", err=True)
-        unknown = prompt_ids.count(UNK_ID)  # only a subword vocabulary lets one through (the char one refuses it)
+        # Only a subword vocabulary has an <unk> to let through; in a char vocabulary id 1 is a real character
+        # (the char tokenizer refuses an unknown one instead).
+        unknown = 0 if isinstance(tokenizer, CharTokenizer) else prompt_ids.count(UNK_ID)
         if unknown:
             click.echo(f"note: {unknown} piece{'s' if unknown != 1 else ''} of the prompt "
                        f"{'are' if unknown != 1 else 'is'} not in the vocabulary; the model reads <unk> there", err=True)

@@ -34,9 +34,13 @@ def cpu_times(stat: str) -> tuple[int, int]:
 
 
 def busy_cores(before: str, after: str, cores: int) -> float:
-    """How many cores were busy between two readings of ``/proc/stat``."""
+    """How many cores were busy between two readings of ``/proc/stat``.
+
+    Raises ``ValueError`` when the counters did not move forward (a frozen or reset file tells nothing)."""
     (busy0, total0), (busy1, total1) = cpu_times(before), cpu_times(after)
-    return cores * (busy1 - busy0) / max(total1 - total0, 1)
+    if total1 <= total0 or busy1 < busy0:
+        raise ValueError("the CPU time counters did not move forward")
+    return cores * (busy1 - busy0) / (total1 - total0)
 
 
 def wait_policy(read: Callable[[], str], *, cores: int, pause: Callable[[float], None] = time.sleep) -> str:
@@ -46,7 +50,7 @@ def wait_policy(read: Callable[[], str], *, cores: int, pause: Callable[[float],
         pause(INTERVAL)
         after = read()
         busy = busy_cores(before, after, cores)
-    except (OSError, ValueError, IndexError):  # no /proc/stat (not Linux), or one we cannot parse
+    except (OSError, ValueError, IndexError):  # no /proc/stat (not Linux), or one we cannot parse or trust
         return "PASSIVE"
     return "ACTIVE" if busy < IDLE_CORES else "PASSIVE"
 

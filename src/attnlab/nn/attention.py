@@ -121,11 +121,12 @@ def scaled_dot_product_attention(
     Returns ``(output, weights or None)``.
 
     On the CPU the reference is taken too under ``torch.compile``, which fuses its mask and softmax around two
-    batched matmuls (a nanoGPT-sized training step 7% faster than around the fused kernel), and in bfloat16 or
-    float16, where the CPU's fused kernel is slow backward and the batched matmuls are not (a step of the
+    batched matmuls (a nanoGPT-sized training step 7% faster than around the fused kernel), and in bfloat16,
+    where the CPU's fused kernel is slow backward and the batched matmuls are not (a step of the
     ``shakespeare-fast`` preset under bfloat16 autocast 1.7x faster; issue 6).
     """
-    written_out = q.device.type == "cpu" and (torch.compiler.is_compiling() or q.dtype in (torch.bfloat16, torch.float16))
+    # (float16 stays fused: its scores would overflow to inf before the division by sqrt(d_k) in the written-out path)
+    written_out = q.device.type == "cpu" and (torch.compiler.is_compiling() or q.dtype == torch.bfloat16)
     if need_weights or written_out:
         out, weights = attention_reference(q, k, v, attend_mask=attend_mask, dropout_p=dropout_p)  # checks there
         return out, weights if need_weights else None

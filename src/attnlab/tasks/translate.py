@@ -290,11 +290,11 @@ def _silent(_line: str) -> None:
 
 
 def _data_record(settings: TranslateSettings, **given: str | Path) -> dict[str, Any]:
-    """What ``config.json`` keeps of the data: each prefix, and the SHA-256 of each of its two files."""
+    """What ``config.json`` keeps of the data: each prefix, and each of its two files with its SHA-256."""
     files = {f"{split}.{lang}": side_path(prefix, lang) for split, prefix in given.items()
              for lang in (settings.src, settings.tgt)}
     return {**{split: str(prefix) for split, prefix in given.items()},
-            "sha256": {key: fingerprint(path) for key, path in files.items()}}
+            "files": {key: {"path": str(path), "sha256": fingerprint(path)} for key, path in files.items()}}
 
 
 def _same_data(saved: dict[str, Any], **given: str | Path) -> None:
@@ -304,10 +304,11 @@ def _same_data(saved: dict[str, Any], **given: str | Path) -> None:
         if split in saved and Path(saved[split]).resolve() != Path(path).resolve():
             raise AttnlabError(f"--{split} {path} is not the {split} data this run started with ({saved[split]}); "
                                "resume needs the same data")
-    for key, digest in saved.get("sha256", {}).items():  # runs from before the digests have none
+    for key, file in saved.get("files", {}).items():  # runs from before the digests have none
         split, lang = key.split(".", 1)
-        side = side_path(given[split], lang)
-        refuse_changed(side, digest, what=f"{split} data", started_with=side)
+        # the file read then, if it is still there (a PREFIX.lang unzipped beside PREFIX.lang.gz is not a change)
+        side = Path(file["path"]) if Path(file["path"]).is_file() else side_path(given[split], lang)
+        refuse_changed(side, file["sha256"], what=f"{split} data", started_with=side)
 
 
 def _resumed_config(out: Path, run_cfg: dict[str, Any], saved: TranslateSettings, requested: dict[str, Any],
