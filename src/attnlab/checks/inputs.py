@@ -124,13 +124,16 @@ def random_source(gen: torch.Generator, contract: Contract, batch: int) -> Tenso
     return random_tokens(gen, contract, batch, randint(gen, 1, short_width(contract)))
 
 
-def padded_batch(gen: torch.Generator, contract: Contract) -> tuple[Tensor, list[int], Tensor | None]:
-    """Three random rows of one random short width, right-padded to it (full rows without a pad id).
-
-    Returns (ids (3, width), the rows' real lengths, the seq2seq source from :func:`random_source` or None).
-    """
+def padded_rows(gen: torch.Generator, contract: Contract, count: int) -> tuple[Tensor, list[int]]:
+    """``count`` random rows of one random short width, right-padded to it (at least one shorter; full rows
+    without a pad id): ids (count, width) and the rows' real lengths."""
     width = randint(gen, 2, short_width(contract))
     pad = contract.pad_id
-    lengths = random_lengths(gen, 3, 1, width, padded=True) if pad is not None else [width] * 3
-    ids = pad_rows([random_tokens(gen, contract, n) for n in lengths], width, pad)
+    lengths = random_lengths(gen, count, 1, width, padded=True) if pad is not None else [width] * count
+    return pad_rows([random_tokens(gen, contract, n) for n in lengths], width, pad), lengths
+
+
+def padded_batch(gen: torch.Generator, contract: Contract) -> tuple[Tensor, list[int], Tensor | None]:
+    """Three :func:`padded_rows`, their real lengths, and the seq2seq source from :func:`random_source` or None."""
+    ids, lengths = padded_rows(gen, contract, 3)
     return ids, lengths, random_source(gen, contract, 3)

@@ -34,7 +34,7 @@ from attnlab.checks.adapters import HFAdapter
 from attnlab.checks.calling import ModelRaised, ModelUnderTest, OutputError
 from attnlab.checks.compare import EPS_FACTOR, TOLERANCE, Tally
 from attnlab.checks.contract import Contract
-from attnlab.checks.inputs import generator, pad_rows, randint, random_lengths, random_tokens, short_width
+from attnlab.checks.inputs import generator, padded_rows, randint, random_tokens
 from attnlab.checks.result import CheckResult, shown
 
 NAME = "kv-cache"
@@ -144,12 +144,7 @@ def _source(gen: torch.Generator, contract: Contract) -> Tensor | None:
     """For seq2seq, two source rows, one of them right-padded when the contract has a pad id: decoding reads
     padded sources in batches (translation does), so a cached decode must hide source padding as the full pass
     does. The target side stays unpadded, as decoding feeds it."""
-    if contract.kind != "seq2seq":
-        return None
-    width = randint(gen, 2, short_width(contract))
-    pad = contract.pad_id
-    lengths = random_lengths(gen, 2, 1, width, padded=True) if pad is not None else [width] * 2
-    return pad_rows([random_tokens(gen, contract, n) for n in lengths], width, pad)
+    return padded_rows(gen, contract, 2)[0] if contract.kind == "seq2seq" else None
 
 
 def _chunks(gen: torch.Generator, width: int, singles: bool) -> list[int]:

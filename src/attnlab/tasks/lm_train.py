@@ -11,7 +11,7 @@ Presets:
   250 steps on 20 batches.
 * ``shakespeare-fast``: the same width and context, 3 layers instead of 4, rotary positions, biases, trained with
   batch 32 at learning rate 6e-3 (cosine to 6e-4) for 480 steps, in bfloat16 autocast on a CPU that computes
-  in bfloat16 itself (:func:`native_bf16`), and evaluated only at the end: validation loss <= 1.88 from 0.64x
+  in bfloat16 itself (:func:`~attnlab.training.engine.has_fast_bf16`), and evaluated only at the end: validation loss <= 1.88 from 0.64x
   nanoGPT's tokens at 0.8x its FLOPs per token (``notes/issue6.md`` has the measurements behind each choice).
 """
 
@@ -58,7 +58,7 @@ from attnlab.training.checkpoint import (
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
-from attnlab.training.engine import METRICS_FILE, config_dict, train_or_forget
+from attnlab.training.engine import METRICS_FILE, config_dict, has_fast_bf16, train_or_forget
 from attnlab.training.schedules import length_changed
 
 
@@ -139,15 +139,6 @@ class LMSettings:
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 
-def native_bf16() -> bool:
-    """Whether this CPU computes in bfloat16 itself (AVX512-BF16 or AMX). Elsewhere bfloat16 is emulated, many
-    times slower than float32 (1.3 against 34 GFLOP/s for one product on an AMD Zen 1, issue 6)."""
-    try:
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    except (AttributeError, RuntimeError):  # a torch without the probes: assume not
-        return False
-
-
 LM_PRESETS: dict[str, LMSettings] = {
     "nanogpt-cpu": LMSettings(),
     # Same width, context and data; one layer fewer (it reached the same loss as four in this budget), rotary
@@ -156,7 +147,7 @@ LM_PRESETS: dict[str, LMSettings] = {
     # biases: 1.8701 with them, 1.8764 without (450 steps, same seed), and the target is 1.88. notes/issue6.md
     # has the runs behind it.
     "shakespeare-fast": LMSettings(layers=3, positions="rotary", bias=True, batch_size=32, lr=6e-3, min_lr=6e-4,
-                                   warmup=50, steps=480, eval_every=0, bf16=native_bf16()),
+                                   warmup=50, steps=480, eval_every=0, bf16=has_fast_bf16(torch.device("cpu"))),
 }
 
 
