@@ -540,16 +540,25 @@ def test_a_tokenizer_of_another_size_than_the_model_is_one_error(run, tmp_path):
 def test_openmp_threads_spin_on_an_idle_machine_and_sleep_on_a_busy_one():
     from attnlab.cli.omp_wait import busy_cores, wait_policy
 
-    start = "cpu  100 0 100 1000 10 0 0 0 0 0\ncpu0 50 0 50 500 5 0 0 0 0 0\n"
-    quiet = "cpu  101 0 101 1198 10 0 0 0 0 0\n"  # 2 busy ticks of 200 on 2 cores: 0.02 of a core
-    loaded = "cpu  200 0 100 1100 10 0 0 0 0 0\n"  # 100 busy ticks of 200: one core
-    assert busy_cores(start, loaded, 2) == 1.0 and busy_cores(start, quiet, 2) == pytest.approx(0.02)
+    def stat(*cpus):  # /proc/stat: the machine's line, then one line per CPU of (user, system, idle) ticks
+        rows = [(f"cpu{i}", u, s, idle) for i, (u, s, idle) in enumerate(cpus)]
+        total = ("cpu ", *(sum(column) for column in zip(*cpus)))
+        return "".join(f"{name} {u} 0 {s} {idle} 10 0 0 0 0 0\n" for name, u, s, idle in [total, *rows])
 
-    def policy(*readings):
+    start = stat((50, 50, 500), (50, 50, 500), (0, 0, 600))
+    quiet = stat((51, 50, 599), (50, 51, 599), (100, 0, 600))  # 2 busy ticks of 200 on CPUs 0 and 1
+    loaded = stat((100, 50, 550), (100, 50, 550), (0, 0, 700))  # 100 busy ticks of 200: one core
+    assert busy_cores(start, loaded, {0, 1}) == 1.0 and busy_cores(start, quiet, {0, 1}) == pytest.approx(0.02)
+    # only the CPUs this process may run on count: CPU 2, busy in "quiet", is another cpuset's
+    assert busy_cores(start, quiet, {0, 1, 2}) == pytest.approx(1.02)
+
+    def policy(*readings, cpus=(0, 1)):
         texts = iter(readings)
-        return wait_policy(lambda: next(texts), cores=2, pause=lambda seconds: None)
+        return wait_policy(lambda: next(texts), cpus=set(cpus), pause=lambda seconds: None)
 
     assert policy(start, quiet) == "ACTIVE" and policy(start, loaded) == "PASSIVE"
+    assert policy(start, quiet, cpus=(0, 1, 2)) == "PASSIVE"
+    assert policy(start, quiet, cpus=(0, 1, 3)) == "PASSIVE"  # a CPU without a line: nothing to trust
     assert policy("not a stat file", quiet) == "PASSIVE"  # what cannot be read leaves threads asleep
     assert policy(start, start) == "PASSIVE"  # counters that did not move tell nothing
     assert policy(loaded, start) == "PASSIVE"  # nor do counters that went back
@@ -557,7 +566,7 @@ def test_openmp_threads_spin_on_an_idle_machine_and_sleep_on_a_busy_one():
     def unreadable():
         raise OSError("no /proc here")
 
-    assert wait_policy(unreadable, cores=2, pause=lambda seconds: None) == "PASSIVE"
+    assert wait_policy(unreadable, cpus={0, 1}, pause=lambda seconds: None) == "PASSIVE"
 
 
 @pytest.mark.parametrize("given", ["ACTIVE", "PASSIVE", None])
@@ -568,11 +577,25 @@ def test_the_language_model_commands_keep_a_wait_policy_the_user_set(given):
     assert done.stdout.strip() == given if given else done.stdout.strip() in ("ACTIVE", "PASSIVE")
 
 
-def test_the_fast_preset_uses_bfloat16_only_where_the_cpu_computes_in_it():
-    from attnlab.training.engine import has_fast_bf16
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_fast_preset_asks_the_training_device_for_bfloat16_and_saves_the_answer(tmp_path, monkeypatch, fast):
+    import attnlab.tasks.lm_train as lm_train
 
-    # the engine's probe, which also warns a run that asks for bfloat16 on a CPU that only emulates it
-    assert LM_PRESETS["shakespeare-fast"].bf16 == has_fast_bf16(torch.device("cpu"))
+    asked = []
+    monkeypatch.setattr(lm_train, "has_fast_bf16", lambda device: asked.append(device) or fast)
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    tiny = [*TINY[:TINY.index("--steps")], "--steps", "2", *TINY[TINY.index("--steps") + 2:]]
+    result = invoke("train", "lm", "--text", text, "--out", tmp_path / "run", "--preset", "shakespeare-fast", *tiny)
+    assert result.exit_code == 0, result.output
+    assert asked == [torch.device("cpu")]  # the device the engine trains on (no GPU here), not the host CPU as such
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["lm"]["bf16"] is fast  # resumes repeat it
+    assert result.stdout.splitlines()[1].endswith("bfloat16 autocast" if fast else "float32")  # the throughput line
+
+    asked.clear()  # the command line overrides the preset, and the device is not asked
+    result = invoke("train", "lm", "--text", text, "--out", tmp_path / "off", "--preset", "shakespeare-fast", "--no-bf16", *tiny)
+    assert result.exit_code == 0 and not asked, result.output
+    assert json.loads((tmp_path / "off" / "config.json").read_text())["lm"]["bf16"] is False
     assert LM_PRESETS["nanogpt-cpu"].bf16 is False  # nanoGPT's configuration stays float32
 
 

@@ -6,9 +6,9 @@ configuration took 36-38 ms spinning, 43-48 ms with libgomp's default (spin a li
 51-60 ms asleep (AMD EPYC, 2 cores; issue 6). On a machine whose cores other processes are using, a
 spinning thread takes the core another thread of the same step needs: 1.3x to 25x slower than asleep.
 
-So the language-model commands look at the machine for a tenth of a second before torch loads
-(``/proc/stat``): when other processes keep less than :data:`IDLE_CORES` of a core busy they spin, else
-they sleep, as they also do where ``/proc/stat`` cannot be read. The variable is read once, when the
+So the language-model commands look at the CPUs they may run on for a tenth of a second before torch loads
+(``/proc/stat``'s per-CPU lines; a cpuset or ``taskset`` leaves the others out): when other processes keep less
+than :data:`IDLE_CORES` of a core busy they spin, else they sleep, as they also do where ``/proc/stat`` cannot be read. The variable is read once, when the
 OpenMP runtime loads with torch, so this module must be imported before torch is; a value the user set is
 kept (``OMP_WAIT_POLICY=PASSIVE`` on a machine that will be shared later, ``ACTIVE`` to always spin).
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 #: Other processes using less than this many cores count as an idle machine.
 IDLE_CORES = 0.25
@@ -25,31 +25,43 @@ IDLE_CORES = 0.25
 INTERVAL = 0.1
 
 
-def cpu_times(stat: str) -> tuple[int, int]:
-    """(busy, total) clock ticks of all CPUs from the text of ``/proc/stat`` (its first, ``cpu`` line)."""
-    fields = [int(v) for v in stat.split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
-    total = sum(fields[:8])  # guest time is counted inside user time already
-    return total - idle, total
+def cpu_times(stat: str, cpus: Collection[int]) -> tuple[int, int]:
+    """(busy, total) clock ticks of the CPUs ``cpus`` from the text of ``/proc/stat`` (its ``cpuN`` lines).
+
+    Raises ``ValueError`` when a CPU has no line."""
+    rows = {}
+    for line in stat.splitlines():
+        name, _, values = line.partition(" ")
+        if name.startswith("cpu") and name[3:].isdigit():
+            rows[int(name[3:])] = [int(v) for v in values.split()]
+    busy = total = 0
+    for cpu in cpus:
+        if cpu not in rows:
+            raise ValueError(f"/proc/stat has no line for CPU {cpu}")
+        fields = rows[cpu]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
+        whole = sum(fields[:8])  # guest time is counted inside user time already
+        busy, total = busy + whole - idle, total + whole
+    return busy, total
 
 
-def busy_cores(before: str, after: str, cores: int) -> float:
-    """How many cores were busy between two readings of ``/proc/stat``.
+def busy_cores(before: str, after: str, cpus: Collection[int]) -> float:
+    """How many of the CPUs ``cpus`` were busy between two readings of ``/proc/stat``.
 
     Raises ``ValueError`` when the counters did not move forward (a frozen or reset file tells nothing)."""
-    (busy0, total0), (busy1, total1) = cpu_times(before), cpu_times(after)
+    (busy0, total0), (busy1, total1) = cpu_times(before, cpus), cpu_times(after, cpus)
     if total1 <= total0 or busy1 < busy0:
         raise ValueError("the CPU time counters did not move forward")
-    return cores * (busy1 - busy0) / (total1 - total0)
+    return len(cpus) * (busy1 - busy0) / (total1 - total0)
 
 
-def wait_policy(read: Callable[[], str], *, cores: int, pause: Callable[[float], None] = time.sleep) -> str:
-    """``ACTIVE`` when the machine is idle while this process sleeps for :data:`INTERVAL`, else ``PASSIVE``."""
+def wait_policy(read: Callable[[], str], *, cpus: Collection[int], pause: Callable[[float], None] = time.sleep) -> str:
+    """``ACTIVE`` when the CPUs ``cpus`` are idle while this process sleeps for :data:`INTERVAL`, else ``PASSIVE``."""
     try:
         before = read()
         pause(INTERVAL)
         after = read()
-        busy = busy_cores(before, after, cores)
+        busy = busy_cores(before, after, cpus)
     except (OSError, ValueError, IndexError):  # no /proc/stat (not Linux), or one we cannot parse or trust
         return "PASSIVE"
     return "ACTIVE" if busy < IDLE_CORES else "PASSIVE"
@@ -60,5 +72,13 @@ def _read_stat() -> str:
         return f.read()
 
 
+def _own_cpus() -> set[int]:
+    """The CPUs this process may run on: only their load matters (a cpuset or ``taskset`` leaves out the rest)."""
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):  # not Linux
+        return set(range(os.cpu_count() or 1))
+
+
 if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ["OMP_WAIT_POLICY"] = wait_policy(_read_stat, cores=os.cpu_count() or 1)
+    os.environ["OMP_WAIT_POLICY"] = wait_policy(_read_stat, cpus=_own_cpus())

@@ -21,7 +21,8 @@ def describe_report(report: LMReport, out: Path) -> list[str]:
     return [
         f"throughput: {report.steady_tokens_per_second:,.0f} training tokens/s steady ({report.steady_basis}), "
         f"{report.tokens_per_second:,.0f} overall ({report.tokens:,} tokens in "
-        f"{report.train_seconds:.1f} s, compilation and evaluations included)",
+        f"{report.train_seconds:.1f} s, compilation and evaluations included), "
+        f"{'bfloat16 autocast' if settings['bf16'] else 'float32'}",
         f"compute: {report.flops_per_token / 1e6:.2f} MFLOP per token (6N + 12LdT) x steady rate = "
         f"{report.model_flops / 1e9:.1f} GFLOP/s; peak = fastest of {PEAK_REPEATS} {PEAK_SIZE}x{PEAK_SIZE} float32 "
         "matmuls, in this process after training",
@@ -73,7 +74,9 @@ def _steps(report: LMReport) -> str:
               help="Also write the resume checkpoint every N steps (0: at evaluations only). [preset: 0]")
 @click.option("--eval-iters", type=click.IntRange(min=1), default=None, help="Validation batches per evaluation during training.")
 @click.option("--final-eval-iters", type=click.IntRange(min=1), default=None, help="Validation batches of the final loss.")
-@click.option("--bf16/--no-bf16", default=None, help="bfloat16 autocast.")
+@click.option("--bf16/--no-bf16", default=None,
+              help="bfloat16 autocast. [nanogpt-cpu: off; shakespeare-fast: on where the CPU or GPU computes in "
+                   "bfloat16 natively]")
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
 @click.option("--threads", type=click.IntRange(min=0), default=None, help="torch threads (0: one per core).")
 @click.option("--seed", type=SEED, default=None)

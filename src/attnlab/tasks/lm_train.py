@@ -10,8 +10,8 @@ Presets:
   decay to 1e-4, dropout 0, AdamW betas (0.9, 0.99), weight decay 0.1, gradient clip 1.0, evaluation every
   250 steps on 20 batches.
 * ``shakespeare-fast``: the same width and context, 3 layers instead of 4, rotary positions, biases, trained with
-  batch 32 at learning rate 6e-3 (cosine to 6e-4) for 480 steps, in bfloat16 autocast on a CPU that computes
-  in bfloat16 itself (:func:`~attnlab.training.engine.has_fast_bf16`), and evaluated only at the end: validation loss <= 1.88 from 0.64x
+  batch 32 at learning rate 6e-3 (cosine to 6e-4) for 480 steps, in bfloat16 autocast on a device (CPU or GPU)
+  that computes in bfloat16 itself (:func:`~attnlab.training.engine.has_fast_bf16`), and evaluated only at the end: validation loss <= 1.88 from 0.64x
   nanoGPT's tokens at 0.8x its FLOPs per token (``notes/issue6.md`` has the measurements behind each choice).
 """
 
@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from attnlab.errors import AttnlabError
@@ -78,7 +77,9 @@ class LMSettings:
         final_eval_iters: batches of the final validation loss, the figure the run reports.
         eval_batch_size: windows per evaluation batch (nanoGPT's 12 whatever the training batch, so that
             every preset's loss is the mean over the same number of windows).
-        bf16, compile: bfloat16 autocast and ``torch.compile``.
+        bf16, compile: bfloat16 autocast and ``torch.compile``. ``bf16=None``: autocast if the device the run
+            trains on computes in bfloat16 natively (:func:`~attnlab.training.engine.has_fast_bf16`), decided
+            when the run starts and saved as True or False, so that a resume repeats it.
         threads: torch intra-op threads (0 = torch's default, one per core).
         seed, max_seconds, log_every: as in :class:`~attnlab.training.TrainConfig`.
         tokenizer, val_fraction, bpe_vocab_size: the data.
@@ -106,7 +107,7 @@ class LMSettings:
     final_eval_iters: int = 200
     eval_batch_size: int = 12
     checkpoint_every: int = 0
-    bf16: bool = False
+    bf16: bool | None = False
     compile: bool = False
     threads: int = 0
     seed: int = 1337
@@ -143,11 +144,11 @@ LM_PRESETS: dict[str, LMSettings] = {
     "nanogpt-cpu": LMSettings(),
     # Same width, context and data; one layer fewer (it reached the same loss as four in this budget), rotary
     # positions, a 2.7x larger batch at 6x the learning rate, 480 steps (983k tokens, 0.64x nanoGPT's) and no
-    # evaluation until the end, in bfloat16 autocast where the CPU computes in bfloat16 itself. It keeps GPT-2's
+    # evaluation until the end, in bfloat16 autocast where the device computes in bfloat16 itself. It keeps GPT-2's
     # biases: 1.8701 with them, 1.8764 without (450 steps, same seed), and the target is 1.88. notes/issue6.md
     # has the runs behind it.
     "shakespeare-fast": LMSettings(layers=3, positions="rotary", bias=True, batch_size=32, lr=6e-3, min_lr=6e-4,
-                                   warmup=50, steps=480, eval_every=0, bf16=has_fast_bf16(torch.device("cpu"))),
+                                   warmup=50, steps=480, eval_every=0, bf16=None),
 }
 
 
@@ -316,6 +317,8 @@ def train_language_model(
             resume = False
     elif (Path(out) / CONFIG).exists():  # every process checks, before the barrier below lets rank 0 write
         raise AttnlabError(f"{out} already holds a run; continue it with --resume or choose another --out")
+    if settings.bf16 is None:  # (a preset's "where it is fast"; a resumed run has its saved True or False)
+        settings = replace(settings, bf16=has_fast_bf16(distributed.choose_device()))
     config = settings.train_config(progress)
     config.validate()  # before anything is written: a bad setting leaves no half-made run
     distributed.check_batch_size(settings.batch_size)

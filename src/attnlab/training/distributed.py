@@ -49,13 +49,18 @@ def check_batch_size(batch_size: int, option: str = "--batch-size") -> None:
                            "process takes a share of every global batch, so some would never train")
 
 
+def choose_device(device: str = "auto") -> torch.device:
+    """The device a run of ``device`` ("auto", "cpu" or "cuda") trains on: this process's GPU under torchrun."""
+    use_cuda = torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
+    return torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if use_cuda else "cpu")
+
+
 def setup(device: str = "auto") -> Place:
     """Join the process group when launched by torchrun; choose the device."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = torch.cuda.is_available() if device == "auto" else device.startswith("cuda")
-    dev = torch.device(f"cuda:{local}" if use_cuda else "cpu")
+    dev = choose_device(device)
+    use_cuda = dev.type == "cuda"
     if use_cuda:
         torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
