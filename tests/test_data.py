@@ -46,6 +46,10 @@ def test_bpe_tokenizer_specials_and_exact_detokenization(tmp_path):
     assert tok.hf.token_to_id("<pad>") == 0 and tok.hf.token_to_id("<eos>") == 3
     for text in ("Ein Mann fährt Fahrrad.", "Zwei Frauen spielen."):
         assert tok.decode(tok.encode(text)) == text
+        assert tok.decode([BOS_ID, *tok.encode(text), EOS_ID, PAD_ID, PAD_ID]) == text  # what a decoder emits
+    # "q" and "x" were never seen: they stay visible instead of vanishing into a real-looking "Fahrrad ist"
+    assert UNK_ID in tok.encode("Fahrrad quixt")
+    assert tok.decode(tok.encode("Fahrrad quixt")) == "Fahrrad <unk>ui<unk>t"
     tok.save(tmp_path / "b.json")
     assert load_tokenizer(tmp_path / "b.json").encode(texts[0]) == tok.encode(texts[0])
 

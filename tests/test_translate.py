@@ -115,10 +115,12 @@ def test_eval_prints_sacrebleu_json_and_writes_hypotheses(toy):
 def test_eval_keeps_one_default_hypothesis_file_per_beam_and_length_penalty(toy):
     args = ("eval", "translate", toy["run"], "--src-file", toy["root"] / "test.xx", "--ref-file",
             toy["root"] / "test.yy", "--json", "--no-progress")
-    written = {json.loads(run_cli(*args, *extra).stdout)["hypotheses"]
-               for extra in (("--beam", "1"), ("--beam", "3"), ("--beam", "3", "--length-penalty", "0.6"))}
-    assert written == {str(toy["run"] / f"hyp.test.xx.{tail}.txt") for tail in ("beam1.lp1.0", "beam3.lp1.0", "beam3.lp0.6")}
-    assert all(Path(name).read_text(encoding="utf-8").splitlines() == toy["test"][1] for name in written)
+    written = [json.loads(run_cli(*args, *extra).stdout)["hypotheses"]
+               for extra in (("--beam", "1"), ("--beam", "1", "--length-penalty", "0.6"), ("--beam", "3"),
+                             ("--beam", "3", "--length-penalty", "0.6"))]
+    # greedy search has no length penalty: both of its runs write (and the second replaces) one file
+    assert written == [str(toy["run"] / f"hyp.test.xx.{tail}.txt") for tail in ("beam1", "beam1", "beam3.lp1.0", "beam3.lp0.6")]
+    assert all(Path(name).read_text(encoding="utf-8").splitlines() == toy["test"][1] for name in set(written))
 
 
 def test_an_output_that_would_replace_an_input_or_a_run_file_is_refused_before_any_work(toy, tmp_path):
@@ -315,7 +317,24 @@ def test_leaky_model_wins_under_teacher_forcing_and_collapses_free_running(tmp_p
     assert "it is a correct run; pass it as --correct" in experiment("--leaky", runs["correct"]).stderr
     languages = experiment("--src", "de", "--tgt", "en", "--correct", runs["correct"], "--leaky", runs["leaky"])
     assert languages.exit_code == 2 and f"--correct {runs['correct']} translates xx to yy, not de to en" in languages.stderr
+    # Runs that cut the target into other tokens cannot be compared per token; other model shapes get a note.
+    for name, vocab, width in (("other-tokens", 50, 32), ("wider", 150, 64)):
+        train_translation(train=tmp_path / "train", valid=tmp_path / "valid", out=tmp_path / name,
+                          settings=TranslateSettings(src="xx", tgt="yy", vocab_size=vocab, max_tokens=600,
+                                                     look_ahead_mask=False),
+                          model_kwargs=dict(d_model=width, num_layers=1, num_heads=4, d_ff=64, dropout=0.0,
+                                            max_src_positions=16, max_tgt_positions=16),
+                          train_config=TrainConfig(max_steps=1, eval_every=1, progress=False), log=lambda m: None)
+    tokens = experiment("--correct", runs["correct"], "--leaky", tmp_path / "other-tokens")
+    assert tokens.exit_code == 2 and tokens.stderr == (
+        f"error: the correct run {runs['correct']} and the leaky run {tmp_path / 'other-tokens'} cut target text into "
+        "different tokens (their tokenizers differ), so their losses per token cannot be compared; train both on the "
+        "same --train with the same --vocab-size\n")
     assert not (tmp_path / "r4").exists()
+    wider = experiment("--correct", runs["correct"], "--leaky", tmp_path / "wider")
+    assert wider.exit_code == 0, wider.output
+    assert "note: the correct and leaky models differ in more than the look-ahead mask (d_model 32 vs 64)" in wider.stderr
+    assert "note:" not in result.stderr  # the two runs above differ in the mask alone
     again = run_cli("experiment", "teacher-forcing", "--valid", tmp_path / "valid", "--correct", runs["correct"],
                     "--leaky", runs["leaky"], "--out", tmp_path / "report")  # the run's own languages by default
     assert f"replacing the report in {tmp_path / 'report'}" in again.stderr
@@ -329,6 +348,20 @@ def test_overlong_source_is_truncated_with_a_warning(toy):
     with pytest.warns(UserWarning, match="truncated"):
         ids = load_translator(toy["run"]).encode_sources([" ".join(words)])
     assert len(ids[0]) == 16 and ids[0][-1] == EOS_ID
+
+
+def test_a_long_validation_source_is_warned_about_once_by_training_and_by_the_teacher_forcing_table(toy, tmp_path):
+    long = list(LEXICON) * 4  # 32 words: the source is truncated to 16 positions (for the loss and for BLEU)
+    for lang, line in (("xx", " ".join(long)), ("yy", "red blue green")):
+        lines = (toy["root"] / f"valid.{lang}").read_text(encoding="utf-8")
+        (tmp_path / f"valid.{lang}").write_text(line + "\n" + lines, encoding="utf-8")
+    result = run_cli("train", "translate", "--train", toy["root"] / "train", "--valid", tmp_path / "valid", "--src", "xx",
+                     "--tgt", "yy", "--out", tmp_path / "run", "--max-steps", "2", "--no-look-ahead-mask", *SMALL)
+    source = "warning: 1 validation source line longer than the model's 16 source positions was truncated to fit"
+    assert result.stderr.count("source line") == 1 and source in result.stderr, result.stderr
+    table = run_cli("experiment", "teacher-forcing", "--valid", tmp_path / "valid", "--correct", toy["run"],
+                    "--leaky", tmp_path / "run", "--out", tmp_path / "report")
+    assert table.stderr.count("source line") == 2, table.stderr  # once per run
 
 
 def test_run_of_another_task_and_missing_run_are_one_line_errors(toy, tmp_path):

@@ -1,6 +1,7 @@
 """Parallel data for translation: file checks with line numbers, the length rule, shifted targets, batches."""
 
 import gzip
+import warnings
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from attnlab.tasks.parallel_data import (
     Pairs,
     collate,
     encode_pairs,
+    pair_sources,
     read_lines,
     read_parallel,
     source_ids,
@@ -59,9 +61,17 @@ def test_pairs_with_targets_too_long_are_left_out_of_training_with_a_warning():
     with pytest.warns(LengthWarning, match="1 training pair whose target is longer .* 3 target positions was left out"):
         pairs = encode_pairs([[5], [6], [7]], [[8, 9], [8, 9, 10], [11]], max_src=8, max_tgt=3, what="training")
     assert pairs.kept == [0, 2] and pairs.tgt == [[8, 9], [11]]
-    # --valid-sentences 2 scores the first two lines: the pair of line 0 (line 1 was left out), not line 2's
-    first = pairs.from_first_lines(2)
-    assert first.kept == [0] and first.tgt == [[8, 9]] and first.src == [pairs.src[0]]
+
+
+def test_validation_pairs_reuse_the_translated_sources_and_warn_about_their_truncation_once():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sources = source_ids([[5, 6, 7, 8, 9], [6], [7, 8, 9, 5, 6]], max_positions=4, what="validation source")
+        pairs = pair_sources(sources, [[8, 9], [8, 9, 10], [11]], max_tgt=3, what="validation")
+    assert [str(w.message) for w in caught] == [
+        "2 validation source lines longer than the model's 4 source positions were truncated to fit",
+        "1 validation pair whose target is longer than the model's 3 target positions was left out"]
+    assert pairs.kept == [0, 2] and pairs.src == [sources[0], sources[2]] and pairs.tgt == [[8, 9], [11]]
 
 
 def test_targets_are_shifted_with_bos_and_eos():

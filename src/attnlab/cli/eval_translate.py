@@ -19,7 +19,7 @@ from attnlab.errors import AttnlabError
 @click.option("--ref-file", required=True, type=PathParam(path_type=Path), help="Reference translations, line-aligned.")
 @click.option("--hyp-out", type=PathParam(path_type=Path), default=None,
               help="Where to write the hypotheses (default: RUN/hyp.<src-file name>.beam<B>.lp<L>.txt, one file "
-                   "per beam size and length penalty).")
+                   "per beam size and length penalty; hyp.<src-file name>.beam1.txt for greedy search).")
 @decode_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (bleu, chrf, signature, ...).")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
@@ -38,8 +38,10 @@ def eval_translate(run: Path, src_file: Path, ref_file: Path, hyp_out: Path | No
     for option, path in (("--src-file", src_file), ("--ref-file", ref_file)):
         if str(path) == "-":  # two files cannot share one stdin, and the hypotheses are named after the source
             raise AttnlabError(f"{option} names a file; standard input (-) is read by `attnlab translate --input -`")
-    # Named after the decoding too, so that scoring beam 1 and beam 5 keeps both sets of hypotheses.
-    name = f"hyp.{Path(src_file).name.removesuffix('.gz')}.beam{beam}.lp{length_penalty!r}.txt"  # repr: exact
+    # Named after the decoding too, so that scoring beam 1 and beam 5 keeps both sets of hypotheses; greedy
+    # search (beam 1) has no length penalty to name.
+    penalty = f".lp{length_penalty!r}" if beam > 1 else ""  # repr: the exact value
+    name = f"hyp.{Path(src_file).name.removesuffix('.gz')}.beam{beam}{penalty}.txt"
     hyp_out = hyp_out or default_output(Path(run) / name, "--hyp-out")
     refuse_overwriting(hyp_out, "--hyp-out", run=run, reads=(("--src-file", src_file), ("--ref-file", ref_file)))
     settings = decode_settings(beam, length_penalty, max_len_a, max_len_b, threads)

@@ -28,6 +28,38 @@ def _markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _refuse_unlike(runs: dict[str, Path]) -> None:
+    """The table compares the two models on one validation text in one unit, the loss per target token: runs of
+    other languages, or whose target tokenizers differ, cannot be compared, and are refused. Models that differ in
+    more than the mask are compared with a note that says how."""
+    from attnlab.errors import AttnlabError
+    from attnlab.training.checkpoint import read_run_config
+
+    (a, run_a), (b, run_b) = runs.items()
+    config_a, config_b = read_run_config(run_a, "translate"), read_run_config(run_b, "translate")
+    pair_a, pair_b = ((c["settings"]["src"], c["settings"]["tgt"]) for c in (config_a, config_b))
+    if pair_a != pair_b:
+        raise AttnlabError(f"the {a} run {run_a} translates {pair_a[0]} to {pair_a[1]} but the {b} run {run_b} "
+                           f"{pair_b[0]} to {pair_b[1]}: the table compares the two on one validation text")
+
+    def target_tokenizer(run: Path, config: dict) -> bytes | None:
+        try:  # (a missing file is named when the run is loaded)
+            return (run / config["settings"].get("tokenizers", {}).get("tgt", "tokenizer.json")).read_bytes()
+        except OSError:
+            return None
+
+    if target_tokenizer(run_a, config_a) != target_tokenizer(run_b, config_b):
+        raise AttnlabError(f"the {a} run {run_a} and the {b} run {run_b} cut target text into different tokens (their "
+                           "tokenizers differ), so their losses per token cannot be compared; train both on the same "
+                           "--train with the same --vocab-size")
+    kwargs_a, kwargs_b = config_a["model"]["kwargs"], config_b["model"]["kwargs"]
+    differ = [f"{k} {kwargs_a.get(k)} vs {kwargs_b.get(k)}" for k in sorted(kwargs_a.keys() | kwargs_b.keys())
+              if kwargs_a.get(k) != kwargs_b.get(k)]
+    if differ:
+        click.echo(f"note: the {a} and {b} models differ in more than the look-ahead mask ({', '.join(differ)})",
+                   err=True)
+
+
 @click.command(name="teacher-forcing")
 @click.option("--train", "train", default=None, help="Training corpus prefix (to train both models).")
 @click.option("--valid", "valid", required=True, help="Validation corpus prefix: both measurements use it.")
@@ -91,6 +123,7 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
             train_translation(train=train, valid=valid, out=out / name, settings=settings, train_config=config,
                               log=lambda m: click.echo(m, err=True))
             runs[name] = out / name
+        _refuse_unlike(runs)
         rows = teacher_forcing_rows(runs, valid)
     table = _markdown(rows)
     if (out / "report.json").exists():  # measuring reused runs again is what the report is for; say it

@@ -183,7 +183,11 @@ class BPETokenizer:
         return [e.ids for e in self.hf.encode_batch(texts)]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=True)
+        """Ids -> text without padding, bos and eos; an unknown piece stays visible as ``<unk>``.
+
+        (``skip_special_tokens=True`` would drop ``<unk>`` too, and "Zebra" with an unseen "Z" and "b" would
+        come back as the real-looking word "era".)"""
+        return self.hf.decode([i for i in ids if i not in (PAD_ID, BOS_ID, EOS_ID)], skip_special_tokens=False)
 
     def save(self, path: str | Path) -> None:
         write_text_atomic(path, self.hf.to_str())

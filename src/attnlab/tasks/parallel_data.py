@@ -135,28 +135,36 @@ class Pairs:
         """Per pair the longer of the two padded sides (source with eos, target with bos or eos)."""
         return [max(len(s), len(t) + 1) for s, t in zip(self.src, self.tgt)]
 
-    def from_first_lines(self, lines: int) -> Pairs:
-        """The pairs that came from the first ``lines`` lines of the corpus (those the length rule kept)."""
-        keep = [i for i, line in enumerate(self.kept) if line < lines]
-        return Pairs([self.src[i] for i in keep], [self.tgt[i] for i in keep], [self.kept[i] for i in keep])
 
-
-def encode_pairs(
-    src_pieces: Sequence[Sequence[int]], tgt_pieces: Sequence[Sequence[int]], max_src: int, max_tgt: int, what: str
-) -> Pairs:
-    """Apply the length rule to tokenized pairs: truncate long sources, leave out long targets."""
+def _fitting_targets(tgt_pieces: Sequence[Sequence[int]], max_tgt: int, what: str) -> list[int]:
+    """The indices of the pairs whose target fits ``max_tgt`` positions; one warning counts the others."""
     fits = [i for i, t in enumerate(tgt_pieces) if len(t) + 1 <= max_tgt]
     dropped = len(tgt_pieces) - len(fits)
     if dropped:
         warnings.warn(
             f"{dropped} {what} pair{'s' if dropped > 1 else ''} whose target is longer than the model's "
             f"{max_tgt} target positions {'were' if dropped > 1 else 'was'} left out",
-            LengthWarning, stacklevel=2,
+            LengthWarning, stacklevel=3,
         )
     if not fits:
         raise AttnlabError(f"no {what} pair fits the model's {max_tgt} target positions")
+    return fits
+
+
+def encode_pairs(
+    src_pieces: Sequence[Sequence[int]], tgt_pieces: Sequence[Sequence[int]], max_src: int, max_tgt: int, what: str
+) -> Pairs:
+    """Apply the length rule to tokenized pairs: truncate long sources, leave out long targets."""
+    fits = _fitting_targets(tgt_pieces, max_tgt, what)
     src = source_ids([src_pieces[i] for i in fits], max_src, what=f"{what} source")
     return Pairs(src=src, tgt=[list(tgt_pieces[i]) for i in fits], kept=fits)
+
+
+def pair_sources(sources: Sequence[list[int]], tgt_pieces: Sequence[Sequence[int]], max_tgt: int, what: str) -> Pairs:
+    """Pairs of encoder inputs made already by :func:`source_ids` (for translating every line too) and their
+    targets, long targets left out: the sources are truncated, and their truncation warned about, once."""
+    fits = _fitting_targets(tgt_pieces, max_tgt, what)
+    return Pairs(src=[sources[i] for i in fits], tgt=[list(tgt_pieces[i]) for i in fits], kept=fits)
 
 
 def collate(pairs: Pairs, index: Sequence[int]) -> dict[str, Tensor]:

@@ -37,6 +37,7 @@ from attnlab.tasks.parallel_data import (
     check_nonempty,
     collate,
     encode_pairs,
+    pair_sources,
     read_lines,
     read_parallel,
     real_tokens,
@@ -253,11 +254,10 @@ def load_tokenizers(run: Path, settings: TranslateSettings,
 
 
 def _encode_corpus(prefix: str | Path, src_tok: BPETokenizer, tgt_tok: BPETokenizer, settings: TranslateSettings,
-                   model_kwargs: dict[str, Any], what: str) -> tuple[Pairs, list[str], list[str]]:
+                   model_kwargs: dict[str, Any], what: str) -> Pairs:
     src_lines, tgt_lines = read_parallel(prefix, settings.src, settings.tgt)
-    pairs = encode_pairs(src_tok.encode_batch(src_lines), tgt_tok.encode_batch(tgt_lines),
-                         model_kwargs["max_src_positions"], model_kwargs["max_tgt_positions"], what)
-    return pairs, src_lines, tgt_lines
+    return encode_pairs(src_tok.encode_batch(src_lines), tgt_tok.encode_batch(tgt_lines),
+                        model_kwargs["max_src_positions"], model_kwargs["max_tgt_positions"], what)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -399,12 +399,14 @@ def train_translation(
         log(f"training BPE ({'joint' if settings.joint_vocab else 'separate'}, {settings.vocab_size}) "
             f"on {len(src_lines)} training pairs")
         src_tok, tgt_tok = train_tokenizers(src_lines, tgt_lines, settings)
-    train_pairs, _, _ = _encode_corpus(train, src_tok, tgt_tok, settings, model_kwargs, "training")
-    valid_pairs, valid_src, valid_ref = _encode_corpus(valid, src_tok, tgt_tok, settings, model_kwargs, "validation")
-    if settings.valid_sentences:  # the same first lines for the loss and for BLEU, whichever pairs were left out
-        valid_pairs = valid_pairs.from_first_lines(settings.valid_sentences)
+    train_pairs = _encode_corpus(train, src_tok, tgt_tok, settings, model_kwargs, "training")
+    valid_src, valid_ref = read_parallel(valid, settings.src, settings.tgt)
+    if settings.valid_sentences:  # the same first lines for the loss and for BLEU, whichever pairs are left out
         valid_src, valid_ref = valid_src[: settings.valid_sentences], valid_ref[: settings.valid_sentences]
+    # Every line is translated for BLEU; the pairs whose target fits also give the loss.
     valid_sources = source_ids(src_tok.encode_batch(valid_src), model_kwargs["max_src_positions"], "validation source")
+    valid_pairs = pair_sources(valid_sources, tgt_tok.encode_batch(valid_ref), model_kwargs["max_tgt_positions"],
+                               "validation")
     seed_everything(config.seed)
     # Killed before its first checkpoint: build the weights the run started from (the same seed and saved
     # model settings) and start again from step 0, which repeats it exactly, as classify and lm do.
@@ -470,8 +472,13 @@ class Translator:
     def translate(self, lines: Sequence[str], decode: DecodeSettings | None = None, *, max_tokens: int = 6000,
                   on_batch: Callable[[int], None] | None = None) -> list[str]:
         """Detokenized translations of ``lines``, in order."""
-        hyps = translate_ids(self.model, self.encode_sources(lines), decode or DecodeSettings(),
-                             max_tokens=max_tokens, on_batch=on_batch)
+        return self.translate_sources(self.encode_sources(lines), decode, max_tokens=max_tokens, on_batch=on_batch)
+
+    def translate_sources(self, sources: Sequence[list[int]], decode: DecodeSettings | None = None, *,
+                          max_tokens: int = 6000, on_batch: Callable[[int], None] | None = None) -> list[str]:
+        """Detokenized translations of encoder inputs made by :meth:`encode_sources`, in order."""
+        hyps = translate_ids(self.model, list(sources), decode or DecodeSettings(), max_tokens=max_tokens,
+                             on_batch=on_batch)
         return [self.tgt_tokenizer.decode(h) for h in hyps]
 
 
@@ -569,11 +576,11 @@ def teacher_forcing_rows(runs: dict[str, str | Path], valid: str | Path, decode:
     for name, run in runs.items():
         tr = load_translator(run)
         src_lines, ref_lines = read_parallel(valid, tr.settings.src, tr.settings.tgt)
-        kwargs = tr.model.config
-        pairs = encode_pairs(tr.src_tokenizer.encode_batch(src_lines), tr.tgt_tokenizer.encode_batch(ref_lines),
-                             kwargs["max_src_positions"], kwargs["max_tgt_positions"], "validation")
+        sources = tr.encode_sources(src_lines)  # (truncated, and said so, once for the loss and the translations)
+        pairs = pair_sources(sources, tr.tgt_tokenizer.encode_batch(ref_lines), tr.model.config["max_tgt_positions"],
+                             "validation")
         nll = teacher_forced_nll(tr.model, pairs)
-        scores = corpus_scores(tr.translate(src_lines, decode or DecodeSettings(beam_size=1)), ref_lines)
+        scores = corpus_scores(tr.translate_sources(sources, decode or DecodeSettings(beam_size=1)), ref_lines)
         rows.append({"model": name, "run": str(run), "look_ahead_mask": not isinstance(tr.model, LeakyTransformer),
                      "teacher_forced_loss": nll, "teacher_forced_ppl": math.exp(min(nll, 50.0)),
                      "free_running_bleu": scores["bleu"], "free_running_chrf": scores["chrf"],
