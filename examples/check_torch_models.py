@@ -5,6 +5,8 @@
     attnlab check examples/check_torch_models.py:torch_seq2seq --kind seq2seq
     attnlab check examples/check_torch_models.py:torch_encoder_as_decoder --kind decoder   # fails: causal
     attnlab check examples/check_torch_models.py:torch_decoder_hide_mask_added --kind decoder   # fails: causal
+    attnlab check examples/check_torch_models.py:torch_encoder_fixed_length --kind encoder
+    attnlab check examples/check_torch_models.py:torch_encoder_fixed_length_padding_mask_added --kind encoder  # fails: inference-path
 
 Every model is tiny (width 16, two layers), randomly initialised, takes ids in 0..31 with 0 as
 padding and at most 16 positions: the command's defaults. Masks cross into torch's conventions
@@ -54,18 +56,29 @@ class TorchEncoder(nn.Module):
         hide_mask_added: the porting bug: the look-ahead mask as floats 1 = hide, 0 = keep (another library's
             convention). torch *adds* a float mask to the scores, so in training it hides nothing; its
             inference fast path reads it as a bool mask and hides the future, so ``no_grad`` looks right.
+        fixed_length: pad every batch to MAX_LEN positions before the layers (a model built for one input
+            shape, as a tokenizer's ``padding="max_length"`` gives) and return all of them: (batch, MAX_LEN,
+            VOCAB) whatever the input's length.
+        padding_mask_added: the same porting bug on the padding mask: floats 1 = pad, which torch adds to the
+            scores, so training attends to padding; the fast path's nested tensors drop the padded positions.
     """
 
-    def __init__(self, *, causal: bool, key_padding: bool = True, hide_mask_added: bool = False) -> None:
+    def __init__(self, *, causal: bool, key_padding: bool = True, hide_mask_added: bool = False,
+                 fixed_length: bool = False, padding_mask_added: bool = False) -> None:
         super().__init__()
         self.causal, self.key_padding, self.hide_mask_added = causal, key_padding, hide_mask_added
+        self.fixed_length, self.padding_mask_added = fixed_length, padding_mask_added
         self.embed = Embed()
         layer = nn.TransformerEncoderLayer(WIDTH, HEADS, FF, dropout=0.1, batch_first=True)
         self.body = nn.TransformerEncoder(layer, LAYERS)
         self.head = nn.Linear(WIDTH, VOCAB)
 
     def forward(self, ids: Tensor) -> Tensor:
+        if self.fixed_length:  # right padding up to the position table: every batch is (batch, MAX_LEN)
+            ids = nn.functional.pad(ids, (0, MAX_LEN - ids.shape[1]), value=PAD)
         hide = to_key_padding_mask(padding_mask(ids, PAD)) if self.key_padding else None
+        if hide is not None and self.padding_mask_added:
+            hide = hide.float()
         mask = look_ahead(ids.shape[1]) if self.causal else None
         if self.hide_mask_added:
             mask = torch.triu(torch.ones(ids.shape[1], ids.shape[1], device=ids.device), diagonal=1)
@@ -125,6 +138,19 @@ def torch_seq2seq() -> nn.Module:
 def torch_encoder_as_decoder() -> nn.Module:
     """Wrong on purpose: the encoder (no look-ahead mask) called as a decoder. ``--kind decoder`` fails causal."""
     return _built(lambda: TorchEncoder(causal=False))
+
+
+def torch_encoder_fixed_length() -> nn.Module:
+    """``nn.TransformerEncoder`` that pads every batch to its 16 positions and returns all of them: ``--kind
+    encoder``. Its output does not follow the input's length, so the checks read it as pooled."""
+    return _built(lambda: TorchEncoder(causal=False, fixed_length=True))
+
+
+def torch_encoder_fixed_length_padding_mask_added() -> nn.Module:
+    """Wrong on purpose: the fixed-length encoder with a 0/1 float padding mask, which torch adds to the scores.
+    ``--kind encoder`` fails inference-path alone: padded to one length, every input meets the same padding,
+    so the padding checks see no change, but training attends to it and the fast path drops it."""
+    return _built(lambda: TorchEncoder(causal=False, fixed_length=True, padding_mask_added=True))
 
 
 def torch_encoder_without_padding_mask() -> nn.Module:

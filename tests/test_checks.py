@@ -318,6 +318,7 @@ EXTERNAL = [
     (TORCH_EXAMPLES, "torch_encoder", "encoder"),
     (TORCH_EXAMPLES, "torch_decoder", "decoder"),
     (TORCH_EXAMPLES, "torch_seq2seq", "seq2seq"),
+    (TORCH_EXAMPLES, "torch_encoder_fixed_length", "encoder"),  # the fast path zero-fills its padded positions
     (HF_EXAMPLES, "hf_bert", "encoder"),
     (HF_EXAMPLES, "hf_gpt2", "decoder"),
 ]
@@ -329,6 +330,7 @@ WRONG = [
     (TORCH_EXAMPLES, "torch_seq2seq_without_look_ahead", "seq2seq", "causal"),
     (TORCH_EXAMPLES, "torch_decoder_hide_mask_added", "decoder", "causal"),
     (TORCH_EXAMPLES, "torch_decoder_hide_mask_added", "decoder", "inference-path"),
+    (TORCH_EXAMPLES, "torch_encoder_fixed_length_padding_mask_added", "encoder", "inference-path"),
     (HF_EXAMPLES, "hf_bert_mask_inverted", "encoder", "padding-invariance"),
 ]
 
@@ -839,3 +841,48 @@ def test_a_model_whose_output_is_nan_on_one_path_only_fails_inference_path():
 
     result = run_checks(nan_on_the_fast_path, Contract("decoder"), seeds=1, only=["inference-path"]).results[0]
     assert result.status == "fail" and "not finite on torch's inference fast path" in result.summary, result
+
+
+def fixed_length_model(*, real_moves: bool):
+    """A model padding every batch to 16 positions, (batch, seq) ids -> (batch, 16, 2), as nn.TransformerEncoder's
+    fast path leaves it: its padded positions are zeros there and something else on the training path. With
+    ``real_moves`` the fast path also moves the real positions, as a mask read two ways does."""
+    def model(ids):
+        padded = nn.functional.pad(ids, (0, 16 - ids.shape[1])).float()  # pad id 0
+        out = torch.stack([padded.cumsum(1), padded.flip(1).cumsum(1).flip(1)], -1)  # every position reads the row
+        if torch.backends.mha.get_fastpath_enabled():
+            out = torch.where((padded != 0)[..., None], out + float(real_moves), 0.0)
+        return out
+    return model
+
+
+def test_inference_path_judges_a_fixed_length_output_on_its_real_positions():
+    """The fast path fills a model's own padding its own way: a row that differs only there passes, and
+    says so; one whose real positions move too still fails."""
+    passed = run_checks(fixed_length_model(real_moves=False), Contract("encoder"), seeds=3,
+                        only=["inference-path"])
+    assert passed.output == "pooled"  # (batch, 16, 2) whatever the input's length
+    result = passed.results[0]
+    assert result.status == "pass" and "differed only past their length" in result.summary, result
+    assert result.evidence["rows_judged_on_real_positions"] == 9  # three rows a seed, every one padded to 16
+    failed = run_checks(fixed_length_model(real_moves=True), Contract("encoder"), seeds=3, only=["inference-path"])
+    assert failed.results[0].failed, failed.results[0]
+
+
+def test_the_fixed_length_torch_encoder_differs_on_the_fast_path_only_in_its_padding():
+    """What the fixed-length factory stands for (so that its passing proves something): torch's nested tensors
+    change its padded positions and nothing else."""
+    model = load_model(f"{TORCH_EXAMPLES}:torch_encoder_fixed_length")
+    ids = torch.tensor([[5, 6, 7, 0], [8, 9, 10, 11]])
+    before = torch.backends.mha.get_fastpath_enabled()
+    try:
+        with torch.no_grad():
+            torch.backends.mha.set_fastpath_enabled(False)
+            training = model(ids)
+            torch.backends.mha.set_fastpath_enabled(True)
+            inference = model(ids)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(before)
+    real = (ids != 0).nonzero(as_tuple=True)
+    torch.testing.assert_close(inference[real], training[real])
+    assert (inference[:, 4:] - training[:, 4:]).abs().amax(-1).min() > 0.1  # every padded position moved

@@ -8,6 +8,17 @@ the future) but taken as a bool mask by the fast path, which hides the future. S
 check run on the fast path and leaks in training. Per seed, one padded batch is run both ways in eval
 mode; every row's real positions must agree, and be finite on both paths or on neither. A comparison with
 non-finite outputs on both paths is left out; with none left the check skips (see finite-outputs).
+
+A model that pads every batch to a fixed length itself and returns all of those positions, (batch, L, ...),
+does not follow the input's length, so its output counts as pooled and is compared whole, padding included.
+That padding is the one place where the two paths legitimately part: given a ``src_key_padding_mask``, the
+fast path of ``nn.TransformerEncoder`` packs the batch into a nested tensor without the padded positions and
+unpacks it with zeros there, so they come out as whatever the layers after it make of zeros, while training
+computes them as queries over the real keys (and for a padded query that the model hides from every key, the
+fused kernel gives NaN where training's softmax gives zero weights). A row of such an output that differs
+only past its length along the second axis (its first ``length`` entries agree) is therefore judged on those
+entries alone, and the summary says how many rows were. A mask the paths read differently changes the real
+positions too, so it still fails.
 """
 
 from __future__ import annotations
@@ -15,9 +26,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import Tensor
 
 from attnlab.checks.calling import FAST_PATH_SWITCH, ModelUnderTest
-from attnlab.checks.compare import EPS_FACTOR, TOLERANCE, Tally
+from attnlab.checks.compare import EPS_FACTOR, TOLERANCE, Difference, Tally, Tolerance, difference
 from attnlab.checks.inputs import generator, padded_batch
 from attnlab.checks.result import CheckResult
 
@@ -31,6 +43,7 @@ def check_inference_path(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
     if not FAST_PATH_SWITCH:
         return CheckResult(NAME, "skip", "this torch has no torch.backends.mha switch: the paths cannot be told apart",
                            tol, 0)
+    padding_left_out = 0  # rows of a fixed-length output judged on their real positions only
     for done, seed in enumerate(seeds, 1):
         mut.seed, gen = seed, generator(NAME, seed)
         ids, lengths, src = padded_batch(gen, contract)
@@ -39,7 +52,13 @@ def check_inference_path(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
             inference = mut.outputs(ids, src)
         for row, length in enumerate(lengths):
             a, b = mut.positions(training, row, length), mut.positions(inference, row, length)
-            diff = mut.compare(a, b, TOLERANCE.for_kernels(a.dtype))
+            tolerance = TOLERANCE.for_kernels(a.dtype)
+            diff = mut.compare(a, b, tolerance)
+            if not diff.same and not mut.per_position:
+                real = _real_positions(a, b, length, ids.shape[1], tolerance)
+                if real is not None:
+                    a, b, diff = real
+                    padding_left_out += 1
             finite_a, finite_b = torch.isfinite(a).all().item(), torch.isfinite(b).all().item()
             if finite_a != finite_b:  # NaN on one path only is itself the finding, not a comparison to skip
                 paths = ("on torch's inference fast path", "on the training path") if finite_a else (
@@ -66,4 +85,33 @@ def check_inference_path(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
                        f"meant to hide, which training adds to the scores and the fast path reads as bool); "
                        f"input {ids.tolist()}")
             return CheckResult(NAME, "fail", summary, tol, done, evidence)
-    return tally.verdict(NAME, tol, len(seeds), "allowing torch's inference fast path changes no output")
+    if not padding_left_out:
+        return tally.verdict(NAME, tol, len(seeds), "allowing torch's inference fast path changes no output")
+    result = tally.verdict(NAME, tol, len(seeds), (
+        f"allowing torch's inference fast path changes no real position's output; {padding_left_out} row(s) of "
+        f"the fixed-length output differed only past their length, on the model's own padding, which the fast "
+        f"path fills its own way"))
+    if result.status == "pass":
+        result.evidence["rows_judged_on_real_positions"] = padding_left_out
+    return result
+
+
+def _real_positions(a: Tensor, b: Tensor, length: int, width: int,
+                    tolerance: Tolerance) -> tuple[Tensor, Tensor, Difference] | None:
+    """One row of a fixed-length output cut to its real positions, when that is where the two paths agree.
+
+    Args:
+        a, b: the row's pooled-layout output on the training path and on the fast path, (L, ...) when the
+            model returns L positions whatever the input's length.
+        length: the row's real length; width: the batch's width (every row's padded length).
+
+    Returns ``(a[:length], b[:length], their difference)`` when the output has a second axis that could hold
+    every input position (``L >= width``) and its first ``length`` entries agree; else None, and the row is
+    judged whole. Agreeing in full was already ruled out, so the difference lies past ``length``: on what the
+    model itself padded (see the module docstring). A truly pooled output, (classes,) say, that a mask read
+    differently moves does not keep its first entries and move only the rest.
+    """
+    if a.dim() == 0 or a.shape[0] < width:
+        return None
+    real = difference(a[:length], b[:length], tolerance=tolerance)
+    return (a[:length], b[:length], real) if real.same else None
