@@ -29,7 +29,7 @@ Entry points: :func:`run_checks` (a :class:`CheckReport`), the ``assert_*`` func
 ``attnlab check SPEC --kind KIND`` command.
 """
 
-from attnlab.checks.adapters import HFAdapter
+from attnlab.checks.adapters import HFAdapter, HFSeq2SeqAdapter
 from attnlab.checks.asserts import (
     assert_all_checks,
     assert_batch_independent,
@@ -51,7 +51,7 @@ from attnlab.checks.result import CheckResult
 from attnlab.checks.runner import CHECKS, run_check, run_checks
 
 __all__ = [
-    "HFAdapter",
+    "HFAdapter", "HFSeq2SeqAdapter",
     "assert_all_checks", "assert_batch_independent", "assert_causal", "assert_finite", "assert_inference_path", "assert_kv_cache", "assert_mode",
     "assert_order_sensitive", "assert_padding_content_ignored", "assert_padding_invariant",
     "output_tensor", "TOLERANCE", "Tolerance", "KINDS", "Contract", "load_factory", "load_model",
