@@ -320,6 +320,7 @@ EXTERNAL = [
     (TORCH_EXAMPLES, "torch_seq2seq", "seq2seq"),
     (HF_EXAMPLES, "hf_bert", "encoder"),
     (HF_EXAMPLES, "hf_gpt2", "decoder"),
+    (HF_EXAMPLES, "hf_t5", "seq2seq"),
 ]
 
 #: The same external models used wrongly, and a check that must say so.
@@ -330,6 +331,7 @@ WRONG = [
     (TORCH_EXAMPLES, "torch_decoder_hide_mask_added", "decoder", "causal"),
     (TORCH_EXAMPLES, "torch_decoder_hide_mask_added", "decoder", "inference-path"),
     (HF_EXAMPLES, "hf_bert_mask_inverted", "encoder", "padding-invariance"),
+    (HF_EXAMPLES, "hf_t5_without_source_mask", "seq2seq", "padding-invariance"),
 ]
 
 
