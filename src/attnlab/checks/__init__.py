@@ -26,7 +26,10 @@ Outputs agree within :data:`~attnlab.checks.compare.TOLERANCE` (``1e-5 + 1e-4 x 
 comparison with a NaN or infinite output decides nothing, and a check left with none skips.
 
 Entry points: :func:`run_checks` (a :class:`CheckReport`), the ``assert_*`` functions for pytest, and the
-``attnlab check SPEC --kind KIND`` command.
+``attnlab check SPEC --kind KIND`` command. Hugging Face models, which take keywords and an ``attention_mask``,
+go in :class:`HFAdapter` (encoders, decoders: ``model(ids)``) or :class:`HFSeq2SeqAdapter` (encoder-decoders:
+``model(src, tgt)``); an encoder-decoder passed bare is refused, since positionally its target would be read as
+its attention mask.
 """
 
 from attnlab.checks.adapters import HFAdapter, HFSeq2SeqAdapter
