@@ -321,6 +321,7 @@ EXTERNAL = [
     (TORCH_EXAMPLES, "torch_encoder_fixed_length", "encoder"),  # the fast path zero-fills its padded positions
     (HF_EXAMPLES, "hf_bert", "encoder"),
     (HF_EXAMPLES, "hf_gpt2", "decoder"),
+    (HF_EXAMPLES, "hf_t5", "seq2seq"),
 ]
 
 #: The same external models used wrongly, and a check that must say so.
@@ -332,6 +333,7 @@ WRONG = [
     (TORCH_EXAMPLES, "torch_decoder_hide_mask_added", "decoder", "inference-path"),
     (TORCH_EXAMPLES, "torch_encoder_fixed_length_padding_mask_added", "encoder", "inference-path"),
     (HF_EXAMPLES, "hf_bert_mask_inverted", "encoder", "padding-invariance"),
+    (HF_EXAMPLES, "hf_t5_without_source_mask", "seq2seq", "padding-invariance"),
 ]
 
 

@@ -26,10 +26,13 @@ Outputs agree within :data:`~attnlab.checks.compare.TOLERANCE` (``1e-5 + 1e-4 x 
 comparison with a NaN or infinite output decides nothing, and a check left with none skips.
 
 Entry points: :func:`run_checks` (a :class:`CheckReport`), the ``assert_*`` functions for pytest, and the
-``attnlab check SPEC --kind KIND`` command.
+``attnlab check SPEC --kind KIND`` command. Hugging Face models, which take keywords and an ``attention_mask``,
+go in :class:`HFAdapter` (encoders, decoders: ``model(ids)``) or :class:`HFSeq2SeqAdapter` (encoder-decoders:
+``model(src, tgt)``); an encoder-decoder passed bare is refused, since positionally its target would be read as
+its attention mask.
 """
 
-from attnlab.checks.adapters import HFAdapter
+from attnlab.checks.adapters import HFAdapter, HFSeq2SeqAdapter
 from attnlab.checks.asserts import (
     assert_all_checks,
     assert_batch_independent,
@@ -51,7 +54,7 @@ from attnlab.checks.result import CheckResult
 from attnlab.checks.runner import CHECKS, run_check, run_checks
 
 __all__ = [
-    "HFAdapter",
+    "HFAdapter", "HFSeq2SeqAdapter",
     "assert_all_checks", "assert_batch_independent", "assert_causal", "assert_finite", "assert_inference_path", "assert_kv_cache", "assert_mode",
     "assert_order_sensitive", "assert_padding_content_ignored", "assert_padding_invariant",
     "output_tensor", "TOLERANCE", "Tolerance", "KINDS", "Contract", "load_factory", "load_model",

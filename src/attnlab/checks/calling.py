@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnlab.checks.adapters import refuse_bare_encoder_decoder
 from attnlab.checks.compare import TOLERANCE, Difference, Tolerance, difference
 from attnlab.checks.contract import Contract
 
@@ -75,9 +76,13 @@ class ModelUnderTest:
     device, with its batch axis checked, on the CPU. An
     exception of the model comes out as :class:`ModelRaised`, an unusable output as :class:`OutputError`.
     :attr:`last_input` holds the ids of the latest call so that either can be reported with its input.
+
+    A bare Hugging Face encoder-decoder is refused here, with :class:`~attnlab.errors.AttnlabError` (see
+    :func:`~attnlab.checks.adapters.refuse_bare_encoder_decoder`): every entry point builds one of these.
     """
 
     def __init__(self, model: Callable[..., Any], contract: Contract) -> None:
+        refuse_bare_encoder_decoder(model, contract.kind)
         self.model, self.contract = model, contract
         # Inputs go to the device of the model's first parameter (CPU for anything else); outputs come
         # back to the CPU, where the checks compare them.

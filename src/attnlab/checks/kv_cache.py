@@ -17,20 +17,23 @@ kernels, so the tolerance is that of ``inference-path``.
 The check drives the caches it knows (:func:`cache_protocol`): attnlab's, which a model of any author can
 offer (``new_caches()``, and ``forward(ids, *, caches)`` taking the new positions only, the cached ones
 counted by the caches; for seq2seq ``encode(src)``, giving the memory or (memory, its mask), and ``decode(tgt,
-memory, memory_attend_mask=..., caches=...)``), and a Hugging Face decoder's ``cache`` (``past_key_values`` before transformers 5), the
-model itself or inside :class:`~attnlab.checks.adapters.HFAdapter`. Any other model skips, with the reason.
+memory, memory_attend_mask=..., caches=...)``), and Hugging Face's ``cache`` (``past_key_values`` before transformers
+5): a decoder's, the model itself or inside :class:`~attnlab.checks.adapters.HFAdapter`, and an encoder-decoder's inside
+:class:`~attnlab.checks.adapters.HFSeq2SeqAdapter` (one passed bare is refused before any check runs). An
+encoder-decoder is decoded as ``generate`` decodes it: the source encoded once by ``model.get_encoder()``, then every
+step given those ``encoder_outputs``, the source's ``attention_mask`` (for the cross-attention) and the cache. Any
+other model skips, with the reason.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from attnlab.checks.adapters import HFAdapter
+from attnlab.checks.adapters import HFAdapter, HFSeq2SeqAdapter, accepts_keyword, hf_attention_mask
 from attnlab.checks.calling import ModelRaised, ModelUnderTest, OutputError
 from attnlab.checks.compare import EPS_FACTOR, TOLERANCE, Tally
 from attnlab.checks.contract import Contract
@@ -53,16 +56,8 @@ class _NoCache(Exception):
     """The model offers a cache argument but keeps nothing in it: there is no cached path to check."""
 
 
-def _takes(method: Any, name: str) -> bool:
-    """Whether ``method`` accepts a keyword argument ``name`` (by name, not through ``**kwargs``)."""
-    try:
-        return callable(method) and name in inspect.signature(method).parameters
-    except (TypeError, ValueError):  # a builtin or a callable without a signature
-        return False
-
-
 def _attnlab_decoder(model: Any) -> Start | None:
-    if not (callable(getattr(model, "new_caches", None)) and _takes(getattr(model, "forward", None), "caches")):
+    if not (callable(getattr(model, "new_caches", None)) and accepts_keyword(getattr(model, "forward", None), "caches")):
         return None
 
     def start(src: Tensor | None) -> Callable[[Tensor], Any]:
@@ -78,7 +73,7 @@ def _attnlab_decoder(model: Any) -> Start | None:
 
 def _attnlab_seq2seq(model: Any) -> Start | None:
     if not (callable(getattr(model, "new_caches", None)) and callable(getattr(model, "encode", None))
-            and _takes(getattr(model, "decode", None), "caches")):
+            and accepts_keyword(getattr(model, "decode", None), "caches")):
         return None
 
     def start(src: Tensor | None) -> Callable[[Tensor], Any]:
@@ -95,13 +90,19 @@ def _attnlab_seq2seq(model: Any) -> Start | None:
     return start
 
 
+def _cache_argument(forward: Any) -> str | None:
+    """The name a Hugging Face ``forward`` gives its key/value cache, in the call and in the output, or None.
+
+    transformers 5 renamed ``past_key_values`` to ``cache``; earlier versions know only the first."""
+    return next((n for n in ("cache", "past_key_values") if accepts_keyword(forward, n)), None)
+
+
 def _hugging_face_decoder(model: Any) -> Start | None:
     inner = model.model if isinstance(model, HFAdapter) else model
     pad_id = model.pad_id if isinstance(model, HFAdapter) else None  # the adapter hides it in the full pass
     forward = getattr(inner, "forward", None)
-    # transformers 5 renamed past_key_values to cache (in the call and the output); earlier ones know only the first
-    name = next((n for n in ("cache", "past_key_values") if _takes(forward, n)), None)
-    called_as_hf = all(_takes(forward, n) for n in ("input_ids", "attention_mask", "use_cache"))
+    name = _cache_argument(forward)
+    called_as_hf = all(accepts_keyword(forward, n) for n in ("input_ids", "attention_mask", "use_cache"))
     if not (isinstance(inner, nn.Module) and hasattr(inner, "config") and name and called_as_hf):
         return None
 
@@ -111,10 +112,39 @@ def _hugging_face_decoder(model: Any) -> Start | None:
         def step(ids: Tensor) -> Any:
             seen = ids if held[1] is None else torch.cat((held[1], ids), dim=1)
             # the mask covers the cached positions and the new ones, as the adapter's full pass builds it
-            mask = torch.ones_like(seen) if pad_id is None else (seen != pad_id).long()
+            mask = torch.ones_like(seen) if pad_id is None else hf_attention_mask(seen, pad_id)
             out = inner(input_ids=ids, attention_mask=mask, use_cache=True, **{name: held[0]})
             held[:] = getattr(out, name, None), seen
             if held[0] is None:  # an encoder (BERT) takes the argument and keeps nothing
+                raise _NoCache(f"the model takes use_cache but returned no {name}: it keeps no key/value cache")
+            return out
+        return step
+    return start
+
+
+def _hugging_face_seq2seq(model: Any) -> Start | None:
+    """Hugging Face's encoder-decoder cache, driven through :class:`HFSeq2SeqAdapter` with the adapter's masks."""
+    if not isinstance(model, HFSeq2SeqAdapter):
+        return None
+    inner, forward = model.model, model.model.forward
+    name = _cache_argument(forward)
+    driven = all(accepts_keyword(forward, n) for n in ("encoder_outputs", "use_cache"))
+    if not (name and driven and callable(getattr(inner, "get_encoder", None))):
+        return None
+
+    def start(src: Tensor | None) -> Callable[[Tensor], Any]:
+        src_mask = model.source_mask(src)  # the full pass hides the source's padding; so must every cached step
+        held: list[Any] = [None, None, None]  # the encoder's outputs, the cache, and the target ids it holds
+
+        def step(tgt: Tensor) -> Any:
+            if held[0] is None:  # encode once, as generate does, inside the first step where a raise is caught
+                held[0] = inner.get_encoder()(input_ids=src, attention_mask=src_mask)
+            seen = tgt if held[2] is None else torch.cat((held[2], tgt), dim=1)
+            # the target's mask, if the adapter builds one, covers the cached positions and the new ones
+            out = inner(encoder_outputs=held[0], attention_mask=src_mask, decoder_input_ids=tgt,
+                        decoder_attention_mask=model.target_mask(seen), use_cache=True, **{name: held[1]})
+            held[1:] = getattr(out, name, None), seen
+            if held[1] is None:
                 raise _NoCache(f"the model takes use_cache but returned no {name}: it keeps no key/value cache")
             return out
         return step
@@ -126,7 +156,8 @@ PROTOCOLS: dict[str, list[tuple[str, Callable[[Any], Start | None]]]] = {
     "decoder": [("attnlab's caches: new_caches(), forward(ids, caches=...)", _attnlab_decoder),
                 ("Hugging Face's cache (past_key_values)", _hugging_face_decoder)],
     "seq2seq": [("attnlab's caches: encode(src), new_caches(), decode(tgt, memory, ..., caches=...)",
-                 _attnlab_seq2seq)],
+                 _attnlab_seq2seq),
+                ("Hugging Face's encoder-decoder cache (past_key_values), in HFSeq2SeqAdapter", _hugging_face_seq2seq)],
 }
 
 
