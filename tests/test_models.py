@@ -384,3 +384,24 @@ def test_a_compiled_decoder_computes_what_the_eager_one_does(monkeypatch):
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, grads[name], rtol=1e-4, atol=1e-6)
+
+
+def test_the_models_export_with_dynamic_batch_and_length_and_compute_what_they_do_eagerly():
+    """torch.export (the way to deploy a model) traces each core model once for any batch and any length."""
+    from torch.export import Dim, export
+
+    torch.manual_seed(0)
+    batch, src_len, tgt_len = Dim("batch", min=1, max=16), Dim("src", min=2, max=16), Dim("tgt", min=2, max=16)
+    src, tgt = torch.randint(1, 19, (2, 9)), torch.randint(1, 19, (2, 6))
+    src[0, 6:] = 0  # a padded row: the padding mask is traced too
+    models = [
+        (DecoderLM(19, 16, 2, 2, max_positions=16, dropout=0.0, positions="rotary"), (tgt,), ({0: batch, 1: tgt_len},)),
+        (EncoderClassifier(19, 5, 16, 1, 2, 32, max_positions=16, dropout=0.0), (src,), ({0: batch, 1: src_len},)),
+        (Transformer(19, 19, 16, 1, 2, 32, max_src_positions=16, max_tgt_positions=16, dropout=0.0), (src, tgt),
+         ({0: batch, 1: src_len}, {0: batch, 1: tgt_len})),
+    ]
+    for model, example, shapes in models:
+        exported = export(model.eval(), example, dynamic_shapes=shapes).module()
+        other = [torch.randint(1, 19, (3, n)) for n in (13, 4)[: len(example)]]
+        other[0][1, 2:] = 0
+        torch.testing.assert_close(exported(*other), model(*other), rtol=1e-5, atol=1e-5)
