@@ -2,6 +2,8 @@
 models in :class:`HFSeq2SeqAdapter`, planted bugs fail the check meant to catch them, and a model passed bare
 (or to the wrong adapter) is refused with one line. Models are built from configs: nothing is downloaded."""
 
+import json
+
 import pytest
 import torch
 from click.testing import CliRunner
@@ -205,3 +207,22 @@ def test_a_seq2seq_model_without_a_cache_skips_kv_cache_naming_both_protocols_it
     result = check(lambda src, tgt: torch.nn.functional.one_hot(tgt, VOCAB).float().cumsum(1),
                    only=["kv-cache"]).results[0]
     assert result.status == "skip" and "encode(src)" in result.summary and "HFSeq2SeqAdapter" in result.summary
+
+
+def test_the_cli_pads_with_the_adapters_pad_id_unless_told_otherwise_and_then_says_they_differ(tmp_path):
+    (tmp_path / "factories.py").write_text(
+        "import torch, transformers\n"
+        "from attnlab.checks import HFSeq2SeqAdapter\n"
+        "def bart():  # BART's pad id is 1\n"
+        "    torch.manual_seed(0)\n"
+        f"    return HFSeq2SeqAdapter(transformers.BartForConditionalGeneration(transformers.BartConfig(**{BART_LIKE!r})),\n"
+        "                            pad_id=1)\n")
+    spec = [f"{tmp_path / 'factories.py'}:bart", "--kind", "seq2seq", "--seeds", "1", "--json"]
+    result = CliRunner().invoke(cli, ["check", *spec])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["contract"]["pad_id"] == 1  # the adapter's, not the factory default 0
+    assert report["passed"] and {c["name"]: c["status"] for c in report["checks"]}["padding-invariance"] == "pass"
+    told = CliRunner().invoke(cli, ["check", *spec, "--pad-id", "0"])  # as asked, with a warning that names both
+    assert json.loads(told.stdout)["contract"]["pad_id"] == 0
+    assert "warning: the adapter hides pad id 1 but --pad-id 0 pads the inputs" in told.stderr

@@ -14,7 +14,7 @@ import json
 import sys
 import warnings
 from collections.abc import Iterable
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import click
@@ -54,6 +54,13 @@ def _pad_id(ctx: click.Context, param: click.Parameter, value: str | None) -> ob
         return int(value)
     except ValueError:
         raise click.BadParameter(f"{value!r} is not an integer or 'none'") from None
+
+
+def _adapter_pad_id(model: object) -> object:
+    """The pad id an ``attnlab.checks`` adapter hides (None: it passes no mask), or ``_UNSET`` for another model."""
+    from attnlab.checks import HFAdapter, HFSeq2SeqAdapter
+
+    return model.pad_id if isinstance(model, HFAdapter | HFSeq2SeqAdapter) else _UNSET
 
 
 def warning_lines(caught: Iterable[warnings.WarningMessage]) -> list[str]:
@@ -124,7 +131,7 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
     if kind is None:
         raise click.UsageError(f"Missing option '--kind' (choose from {', '.join(KINDS)}): a factory SPEC does not "
                                "say what kind of model it builds")
-    pad_id = defaults["pad_id"] if pad_id is _UNSET else pad_id
+    pad_given, pad_id = pad_id is not _UNSET, defaults["pad_id"] if pad_id is _UNSET else pad_id
     if run is not None:  # ids or lengths past the run's own would fail every check for the wrong reason
         for option, given, limit in (("--vocab-size", vocab_size, defaults["vocab_size"]),
                                      ("--max-length", max_length, defaults["max_length"])):
@@ -143,6 +150,17 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
         warnings.simplefilter("always")
         with contextlib.redirect_stdout(sys.stderr):  # the model's own prints must not mix into the report
             model = load_run(run)[0] if run is not None else load_model(spec)
+            hidden = _adapter_pad_id(model)
+            if hidden not in (_UNSET, None) and hidden != contract.pad_id:
+                # The adapter says which id the model is told to hide: padding with another would fail the
+                # padding checks for a model that is only never told where its padding is. (An adapter that
+                # hides nothing is checked with padding all the same: a forgotten mask is what they catch.)
+                if pad_given:
+                    click.echo(f"warning: the adapter hides pad id {hidden} but --pad-id {contract.pad_id} pads the "
+                               "inputs: the padding checks judge a model that is not told where that padding is",
+                               err=True)
+                else:
+                    contract = replace(contract, pad_id=hidden)
             report = run_checks(model, contract, seeds=seeds, spec=spec)
     if as_json:
         click.echo(json.dumps(report.as_dict(), allow_nan=False))
