@@ -871,6 +871,30 @@ def test_inference_path_judges_a_fixed_length_output_on_its_real_positions():
     assert failed.results[0].failed, failed.results[0]
 
 
+class PooledFixedLength(nn.Module):
+    """Pads every batch to 16 with a float 0/1 padding mask (the bug: training adds it to the scores), then pools
+    the real positions of [embedding, encoder output] into (batch, 32): features, not positions, come first."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.tokens, self.positions = nn.Embedding(32, 16), nn.Embedding(16, 16)
+        self.body = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True), 2)
+
+    def forward(self, ids):
+        ids = nn.functional.pad(ids, (0, 16 - ids.shape[1]), value=0)
+        x = self.tokens(ids) + self.positions(torch.arange(16))
+        h = self.body(x, src_key_padding_mask=(ids == 0).float())
+        real = (ids != 0).unsqueeze(-1).float()
+        return (torch.cat((x, h), dim=-1) * real).sum(1) / real.sum(1).clamp(min=1)
+
+
+def test_a_pooled_output_is_judged_whole_even_where_its_first_features_agree():
+    """Its first 16 features (the embedding's) are the same on both paths; the encoder's are not."""
+    result = run_checks(PooledFixedLength().eval(), Contract("encoder"), seeds=3, only=["inference-path"]).results[0]
+    assert result.failed and "differs by up to" in result.summary, result
+
+
 def test_the_fixed_length_torch_encoder_differs_on_the_fast_path_only_in_its_padding():
     """What the fixed-length factory stands for (so that its passing proves something): torch's nested tensors
     change its padded positions and nothing else."""

@@ -15,9 +15,10 @@ That padding is the one place where the two paths legitimately part: given a ``s
 fast path of ``nn.TransformerEncoder`` packs the batch into a nested tensor without the padded positions and
 unpacks it with zeros there, so they come out as whatever the layers after it make of zeros, while training
 computes them as queries over the real keys (and for a padded query that the model hides from every key, the
-fused kernel gives NaN where training's softmax gives zero weights). A row of such an output that differs
-only past its length along the second axis (its first ``length`` entries agree) is therefore judged on those
-entries alone, and the summary says how many rows were. A mask the paths read differently changes the real
+fused kernel gives NaN where training's softmax gives zero weights). A row of such an output, (L, features...)
+with one L for every input length and at least the longest input's, that differs only past its real length (its
+first ``length`` positions agree) is therefore judged on those positions alone, and the summary says how many
+rows were; a pooled output, (features,), is always judged whole. A mask the paths read differently changes the real
 positions too, so it still fails.
 """
 
@@ -55,7 +56,7 @@ def check_inference_path(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
             tolerance = TOLERANCE.for_kernels(a.dtype)
             diff = mut.compare(a, b, tolerance)
             if not diff.same and not mut.per_position:
-                real = _real_positions(a, b, length, ids.shape[1], tolerance)
+                real = _real_positions(a, b, length, _fixed_length(mut), tolerance)
                 if real is not None:
                     a, b, diff = real
                     padding_left_out += 1
@@ -96,22 +97,33 @@ def check_inference_path(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
     return result
 
 
-def _real_positions(a: Tensor, b: Tensor, length: int, width: int,
+def _fixed_length(mut: ModelUnderTest) -> int | None:
+    """The position axis of a model that pads every batch to one length L itself, or None.
+
+    Its outputs, (batch, L, features...), keep that L whatever the input's length (the two calls that decided the
+    layout, :attr:`ModelUnderTest.layout_shapes`), and L holds the longest input the model accepts. A pooled
+    output, (batch, features), has no such axis: its first entries are features, not positions.
+    """
+    shapes = mut.layout_shapes
+    if len(shapes) < 2 or len({s[1:] for s in shapes}) != 1 or len(shapes[0]) < 3:
+        return None
+    return shapes[0][1] if shapes[0][1] >= mut.contract.max_length else None
+
+
+def _real_positions(a: Tensor, b: Tensor, length: int, fixed: int | None,
                     tolerance: Tolerance) -> tuple[Tensor, Tensor, Difference] | None:
     """One row of a fixed-length output cut to its real positions, when that is where the two paths agree.
 
     Args:
-        a, b: the row's pooled-layout output on the training path and on the fast path, (L, ...) when the
-            model returns L positions whatever the input's length.
-        length: the row's real length; width: the batch's width (every row's padded length).
+        a, b: the row's output on the training path and on the fast path, (L, features...).
+        length: the row's real length; fixed: the model's fixed length L (:func:`_fixed_length`), or None.
 
-    Returns ``(a[:length], b[:length], their difference)`` when the output has a second axis that could hold
-    every input position (``L >= width``) and its first ``length`` entries agree; else None, and the row is
-    judged whole. Agreeing in full was already ruled out, so the difference lies past ``length``: on what the
-    model itself padded (see the module docstring). A truly pooled output, (classes,) say, that a mask read
-    differently moves does not keep its first entries and move only the rest.
+    Returns ``(a[:length], b[:length], their difference)`` when the model has a fixed-length position axis and
+    the row's first ``length`` positions agree; else None, and the row is judged whole. Agreeing in full was
+    already ruled out, so the difference lies past ``length``: on what the model itself padded (see the
+    module docstring).
     """
-    if a.dim() == 0 or a.shape[0] < width:
+    if fixed is None or a.dim() < 2 or a.shape[0] != fixed:
         return None
     real = difference(a[:length], b[:length], tolerance=tolerance)
     return (a[:length], b[:length], real) if real.same else None
