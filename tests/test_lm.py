@@ -558,7 +558,9 @@ def test_openmp_threads_spin_on_an_idle_machine_and_sleep_on_a_busy_one():
 
     assert policy(start, quiet) == "ACTIVE" and policy(start, loaded) == "PASSIVE"
     assert policy(start, quiet, cpus=(0, 1, 2)) == "PASSIVE"
-    assert policy(start, quiet, cpus=(0, 1, 3)) == "PASSIVE"  # a CPU without a line: nothing to trust
+    # CPUs the file does not number (a container's own /proc/stat counts from 0): all of its CPUs decide
+    assert busy_cores(start, quiet, {6, 7}) == pytest.approx(1.02) and policy(start, quiet, cpus=(6, 7)) == "PASSIVE"
+    assert policy(start, stat((51, 50, 599), (50, 51, 599), (0, 1, 699)), cpus=(6, 7)) == "ACTIVE"
     assert policy("not a stat file", quiet) == "PASSIVE"  # what cannot be read leaves threads asleep
     assert policy(start, start) == "PASSIVE"  # counters that did not move tell nothing
     assert policy(loaded, start) == "PASSIVE"  # nor do counters that went back

@@ -467,6 +467,15 @@ def test_bf16_on_hardware_without_bfloat16_units_gets_a_note(fast, tmp_path, mon
 
 
 
+def test_a_gpu_computes_bfloat16_natively_from_ampere_on_and_each_gpu_answers_for_itself(monkeypatch):
+    from attnlab.training.engine import has_fast_bf16
+
+    capability = {0: (7, 5), 1: (8, 0)}  # a Turing GPU 0 beside an Ampere GPU 1 (torchrun's LOCAL_RANK 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: capability[torch.device(device).index])
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert not has_fast_bf16(torch.device("cuda:0")) and has_fast_bf16(torch.device("cuda:1"))
+
+
 def test_a_new_length_is_said_as_a_re_planned_rate_only_where_the_length_enters_the_rate():
     from attnlab.training.schedules import Schedule, length_changed
 

@@ -25,34 +25,40 @@ IDLE_CORES = 0.25
 INTERVAL = 0.1
 
 
-def cpu_times(stat: str, cpus: Collection[int]) -> tuple[int, int]:
-    """(busy, total) clock ticks of the CPUs ``cpus`` from the text of ``/proc/stat`` (its ``cpuN`` lines).
+def cpu_times(stat: str, cpus: Collection[int]) -> tuple[int, int, int]:
+    """(busy, total) clock ticks of the CPUs ``cpus`` from the text of ``/proc/stat``, and how many CPUs they are.
 
-    Raises ``ValueError`` when a CPU has no line."""
-    rows = {}
+    Their ``cpuN`` lines, or where some have none the first, ``cpu`` line of all the file's CPUs: a container
+    whose ``/proc/stat`` is its own (LXCFS) numbers its CPUs from 0, not as the host's affinity does."""
+    rows, summary = {}, None
     for line in stat.splitlines():
         name, _, values = line.partition(" ")
-        if name.startswith("cpu") and name[3:].isdigit():
+        if name == "cpu":
+            summary = [int(v) for v in values.split()]
+        elif name.startswith("cpu") and name[3:].isdigit():
             rows[int(name[3:])] = [int(v) for v in values.split()]
+    if all(cpu in rows for cpu in cpus):
+        chosen, count = [rows[cpu] for cpu in cpus], len(cpus)
+    elif summary is not None and rows:
+        chosen, count = [summary], len(rows)
+    else:
+        raise ValueError("/proc/stat has no line for these CPUs")
     busy = total = 0
-    for cpu in cpus:
-        if cpu not in rows:
-            raise ValueError(f"/proc/stat has no line for CPU {cpu}")
-        fields = rows[cpu]
+    for fields in chosen:
         idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle and iowait
         whole = sum(fields[:8])  # guest time is counted inside user time already
         busy, total = busy + whole - idle, total + whole
-    return busy, total
+    return busy, total, count
 
 
 def busy_cores(before: str, after: str, cpus: Collection[int]) -> float:
     """How many of the CPUs ``cpus`` were busy between two readings of ``/proc/stat``.
 
     Raises ``ValueError`` when the counters did not move forward (a frozen or reset file tells nothing)."""
-    (busy0, total0), (busy1, total1) = cpu_times(before, cpus), cpu_times(after, cpus)
+    (busy0, total0, _), (busy1, total1, count) = cpu_times(before, cpus), cpu_times(after, cpus)
     if total1 <= total0 or busy1 < busy0:
         raise ValueError("the CPU time counters did not move forward")
-    return len(cpus) * (busy1 - busy0) / (total1 - total0)
+    return count * (busy1 - busy0) / (total1 - total0)
 
 
 def wait_policy(read: Callable[[], str], *, cpus: Collection[int], pause: Callable[[float], None] = time.sleep) -> str:

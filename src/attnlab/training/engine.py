@@ -194,8 +194,8 @@ def to_device(data: Any, device: torch.device) -> Any:
 
 def has_fast_bf16(device: torch.device) -> bool:
     """Whether ``device`` computes in bfloat16 natively (autocast elsewhere emulates it, many times slower)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type == "cuda":  # Ampere (compute capability 8.0) on; every GPU ROCm runs on. This GPU, not GPU 0.
+        return bool(torch.version.hip) or torch.cuda.get_device_capability(device)[0] >= 8
     if device.type == "cpu":
         try:  # oneDNN's own test: AVX-512 BF16 or AMX. Zen 1's AVX2 ran a bf16 matmul at 1/25 of float32's rate.
             return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
