@@ -335,6 +335,18 @@ def test_leaky_model_wins_under_teacher_forcing_and_collapses_free_running(tmp_p
     assert wider.exit_code == 0, wider.output
     assert "note: the correct and leaky models differ in more than the look-ahead mask (d_model 32 vs 64)" in wider.stderr
     assert "note:" not in result.stderr  # the two runs above differ in the mask alone
+    # One run reused, the other trained beside it: with the reused run's languages and vocabulary, so that the two
+    # compare (an explicit other --vocab-size is refused before anything trains).
+    shutil.rmtree(tmp_path / "r4")  # the report of the wider run above
+    other_vocab = experiment("--correct", runs["correct"], "--train", tmp_path / "train", "--vocab-size", "50")
+    assert other_vocab.exit_code == 2 and "has a vocabulary of 150" in other_vocab.stderr, other_vocab.output
+    assert not (tmp_path / "r4").exists()
+    beside = experiment("--correct", runs["correct"], "--train", tmp_path / "train", "--max-steps", "1",
+                        "--eval-every", "1", "--no-progress")
+    assert beside.exit_code == 0, beside.output
+    assert "with the correct run's languages (xx to yy) and vocabulary (150)" in beside.stderr
+    assert "| leaky | no |" in beside.stdout
+    shutil.rmtree(tmp_path / "r4")
     again = run_cli("experiment", "teacher-forcing", "--valid", tmp_path / "valid", "--correct", runs["correct"],
                     "--leaky", runs["leaky"], "--out", tmp_path / "report")  # the run's own languages by default
     assert f"replacing the report in {tmp_path / 'report'}" in again.stderr

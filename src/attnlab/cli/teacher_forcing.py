@@ -92,6 +92,12 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
     if threads:
         torch.set_num_threads(threads)
     runs: dict[str, Path] = {}
+    ctx = click.get_current_context()
+
+    def asked(option: str) -> bool:
+        return ctx.get_parameter_source(option) == click.core.ParameterSource.COMMANDLINE
+
+    reused: dict[str, object] = {}  # the settings of a reused run, which the model trained beside it takes
     for name, given in (("correct", correct), ("leaky", leaky)):  # checked before anything is trained
         if given is None and (out / name / "config.json").exists():
             raise AttnlabError(f"{out / name} already holds a run; measure it again with --{name} {out / name}, "
@@ -104,11 +110,14 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
                 raise AttnlabError(f"--{name} {given} was trained {'with' if masked else 'without'} the look-ahead "
                                    f"mask: it is a {other} run; pass it as --{other}")
             pair = (run_settings.get("src"), run_settings.get("tgt"))
-            ctx = click.get_current_context()
-            asked = any(ctx.get_parameter_source(o) == click.core.ParameterSource.COMMANDLINE for o in ("src", "tgt"))
-            if asked and pair != (src, tgt):  # a reused run reads --valid in its own languages
+            if (asked("src") or asked("tgt")) and pair != (src, tgt):  # a reused run reads --valid in its own languages
                 raise AttnlabError(f"--{name} {given} translates {pair[0]} to {pair[1]}, not {src} to {tgt} "
                                    f"(--src/--tgt)")
+            if asked("vocab_size") and run_settings.get("vocab_size") != vocab_size and None in (correct, leaky):
+                raise AttnlabError(f"--{name} {given} has a vocabulary of {run_settings.get('vocab_size')}: the model "
+                                   f"trained beside it needs the same tokens to compare losses per token, not "
+                                   f"--vocab-size {vocab_size}")
+            reused = {k: run_settings[k] for k in ("src", "tgt", "vocab_size", "joint_vocab") if k in run_settings}
     with report_warnings():
         for name, given, mask in (("correct", correct, True), ("leaky", leaky, False)):
             if given is not None:
@@ -116,10 +125,15 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
                 continue
             if train is None:
                 raise AttnlabError(f"give --train to train the {name} model, or --{name} RUN")
-            settings = TranslateSettings(src=src, tgt=tgt, vocab_size=vocab_size, look_ahead_mask=mask, select="loss")
+            # Beside a reused run: its languages and vocabulary, so that both cut the text into the same tokens.
+            settings = TranslateSettings(**{"src": src, "tgt": tgt, "vocab_size": vocab_size, **reused},
+                                         look_ahead_mask=mask, select="loss")
             config = TrainConfig(**{**RECIPE_TRAIN, "max_seconds": max_seconds, "max_steps": max_steps,
                                     "eval_every": eval_every, "seed": seed, "progress": progress})
-            click.echo(f"training the {name} model ({'with' if mask else 'WITHOUT'} the look-ahead mask)", err=True)
+            beside = (f", with the {'correct' if name == 'leaky' else 'leaky'} run's languages ({settings.src} to "
+                      f"{settings.tgt}) and vocabulary ({settings.vocab_size})" if reused else "")
+            click.echo(f"training the {name} model ({'with' if mask else 'WITHOUT'} the look-ahead mask){beside}",
+                       err=True)
             train_translation(train=train, valid=valid, out=out / name, settings=settings, train_config=config,
                               log=lambda m: click.echo(m, err=True))
             runs[name] = out / name
