@@ -37,14 +37,14 @@ def _refuse_unlike(runs: dict[str, Path]) -> None:
 
     (a, run_a), (b, run_b) = runs.items()
     config_a, config_b = read_run_config(run_a, "translate"), read_run_config(run_b, "translate")
-    pair_a, pair_b = ((c["settings"]["src"], c["settings"]["tgt"]) for c in (config_a, config_b))
+    pair_a, pair_b = ((c.get("settings", {}).get("src"), c.get("settings", {}).get("tgt")) for c in (config_a, config_b))
     if pair_a != pair_b:
         raise AttnlabError(f"the {a} run {run_a} translates {pair_a[0]} to {pair_a[1]} but the {b} run {run_b} "
                            f"{pair_b[0]} to {pair_b[1]}: the table compares the two on one validation text")
 
     def target_tokenizer(run: Path, config: dict) -> bytes | None:
         try:  # (a missing file is named when the run is loaded)
-            return (run / config["settings"].get("tokenizers", {}).get("tgt", "tokenizer.json")).read_bytes()
+            return (run / config.get("settings", {}).get("tokenizers", {}).get("tgt", "tokenizer.json")).read_bytes()
         except OSError:
             return None
 
@@ -52,7 +52,7 @@ def _refuse_unlike(runs: dict[str, Path]) -> None:
         raise AttnlabError(f"the {a} run {run_a} and the {b} run {run_b} cut target text into different tokens (their "
                            "tokenizers differ), so their losses per token cannot be compared; train both on the same "
                            "--train with the same --vocab-size")
-    kwargs_a, kwargs_b = config_a["model"]["kwargs"], config_b["model"]["kwargs"]
+    kwargs_a, kwargs_b = (c.get("model", {}).get("kwargs", {}) for c in (config_a, config_b))
     differ = [f"{k} {kwargs_a.get(k)} vs {kwargs_b.get(k)}" for k in sorted(kwargs_a.keys() | kwargs_b.keys())
               if kwargs_a.get(k) != kwargs_b.get(k)]
     if differ:
