@@ -42,13 +42,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TORCH_EXAMPLES, HF_EXAMPLES = EXAMPLES / "check_torch_models.py", EXAMPLES / "check_hf_models.py"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; two threads on a busy two-core machine spin for ages."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (tests/conftest.py)
 
 
 # --- the parts -------------------------------------------------------------------------------------

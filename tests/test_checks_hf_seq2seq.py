@@ -21,13 +21,7 @@ VOCAB, WIDTH, LAYERS, HEADS, MAX_LEN = 32, 16, 2, 2, 16
 BART_PAD = 1
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; two threads on a busy two-core machine spin for ages."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (tests/conftest.py)
 
 
 def tiny_t5():

@@ -42,13 +42,7 @@ MUTANTS = [
 RAISES = {"cross_mask_from_target"}  # a source and a target of different lengths: shapes disagree
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; two threads on a busy two-core machine spin for ages."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (tests/conftest.py)
 
 
 def build(kind: str, bug: str | None) -> tuple[torch.nn.Module, str]:

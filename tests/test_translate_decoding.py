@@ -10,13 +10,7 @@ from attnlab.tasks.decoding import DecodeSettings, beam_search, greedy_search, m
 from attnlab.tasks.parallel_data import Pairs, collate
 from attnlab.tasks.translate import LeakyTransformer, TranslateSettings, TranslationTask, build_model
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only add overhead, and CI machines are shared
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (tests/conftest.py)
 
 
 def model(seed=0, cls=Transformer, **kw):
