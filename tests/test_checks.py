@@ -889,6 +889,29 @@ def test_a_pooled_output_is_judged_whole_even_where_its_first_features_agree():
     assert result.failed and "differs by up to" in result.summary, result
 
 
+class FixedLengthScores(nn.Module):
+    """A correct fixed-length encoder (bool padding mask) with one score a position: (batch, 16), no feature axis,
+    the shape of a pooled output."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.tokens, self.positions = nn.Embedding(32, 16), nn.Embedding(16, 16)
+        self.body = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True), 2)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, ids):
+        ids = nn.functional.pad(ids, (0, 16 - ids.shape[1]), value=0)
+        h = self.body(self.tokens(ids) + self.positions(torch.arange(16)), src_key_padding_mask=ids == 0)
+        return self.head(h).squeeze(-1)
+
+
+def test_a_fixed_length_output_without_a_feature_axis_is_judged_on_its_real_positions_too():
+    """Told apart from a pooled one by where its rows part: at each row's own first padded position."""
+    result = run_checks(FixedLengthScores().eval(), Contract("encoder"), seeds=3, only=["inference-path"]).results[0]
+    assert result.status == "pass" and result.evidence["rows_judged_on_real_positions"] == 9, result
+
+
 def test_the_fixed_length_torch_encoder_differs_on_the_fast_path_only_in_its_padding():
     """What the fixed-length factory stands for (so that its passing proves something): torch's nested tensors
     change its padded positions and nothing else."""

@@ -15,10 +15,10 @@ That padding is the one place where the two paths legitimately part: given a ``s
 fast path of ``nn.TransformerEncoder`` packs the batch into a nested tensor without the padded positions and
 unpacks it with zeros there, so they come out as whatever the layers after it make of zeros, while training
 computes them as queries over the real keys (and for a padded query that the model hides from every key, the
-fused kernel gives NaN where training's softmax gives zero weights). A row of such an output, (L, features...)
-with one L for every input length and at least the longest input's, that differs only past its real length (its
-first ``length`` positions agree) is therefore judged on those positions alone, and the summary says how many
-rows were; a pooled output, (features,), is always judged whole. A mask the paths read differently changes the real
+fused kernel gives NaN where training's softmax gives zero weights). A row of such an output, (L, ...) with one
+L for every input length and at least the longest input's, whose two paths first part exactly at its first
+padded position (its real ones agree) is therefore judged on its real positions alone, and the summary says how
+many rows were. A pooled output, (features,), does not part at each row's own length, and is judged whole. A mask the paths read differently changes the real
 positions too, so it still fails.
 """
 
@@ -98,32 +98,36 @@ def check_inference_path(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
 
 
 def _fixed_length(mut: ModelUnderTest) -> int | None:
-    """The position axis of a model that pads every batch to one length L itself, or None.
+    """The position axis of a model that may pad every batch to one length L itself, or None.
 
-    Its outputs, (batch, L, features...), keep that L whatever the input's length (the two calls that decided the
+    Its outputs, (batch, L, ...), keep that L whatever the input's length (the two calls that decided the
     layout, :attr:`ModelUnderTest.layout_shapes`), and L holds the longest input the model accepts. A pooled
-    output, (batch, features), has no such axis: its first entries are features, not positions.
+    output, (batch, features), can look the same: :func:`_real_positions` tells them apart by where a row
+    differs.
     """
     shapes = mut.layout_shapes
-    if len(shapes) < 2 or len({s[1:] for s in shapes}) != 1 or len(shapes[0]) < 3:
+    if len(shapes) < 2 or len(set(shapes)) != 1 or len(shapes[0]) < 2:
         return None
     return shapes[0][1] if shapes[0][1] >= mut.contract.max_length else None
 
 
 def _real_positions(a: Tensor, b: Tensor, length: int, fixed: int | None,
                     tolerance: Tolerance) -> tuple[Tensor, Tensor, Difference] | None:
-    """One row of a fixed-length output cut to its real positions, when that is where the two paths agree.
+    """One row of a fixed-length output cut to its real positions, when the two paths part exactly at its padding.
 
     Args:
-        a, b: the row's output on the training path and on the fast path, (L, features...).
+        a, b: the row's output on the training path and on the fast path, (L, ...).
         length: the row's real length; fixed: the model's fixed length L (:func:`_fixed_length`), or None.
 
-    Returns ``(a[:length], b[:length], their difference)`` when the model has a fixed-length position axis and
-    the row's first ``length`` positions agree; else None, and the row is judged whole. Agreeing in full was
-    already ruled out, so the difference lies past ``length``: on what the model itself padded (see the
-    module docstring).
+    Returns ``(a[:length], b[:length], their difference)`` when the model may have a fixed-length position axis
+    and the first entry along it where the paths differ is the row's first padded position, ``length``; else
+    None, and the row is judged whole. Padding the model added itself moves from that position on (see the
+    module docstring), whatever the row's length; a pooled output that a mask read differently moves does not
+    start differing at each row's own length (its features do not know the row's length).
     """
-    if fixed is None or a.dim() < 2 or a.shape[0] != fixed:
+    if fixed is None or a.dim() < 1 or a.shape[0] != fixed:
         return None
-    real = difference(a[:length], b[:length], tolerance=tolerance)
-    return (a[:length], b[:length], real) if real.same else None
+    whole = difference(a, b, tolerance=tolerance)
+    if not whole.positions or min(p[0] for p in whole.positions) != length:
+        return None
+    return a[:length], b[:length], difference(a[:length], b[:length], tolerance=tolerance)
