@@ -210,7 +210,9 @@ def test_the_cli_pads_with_the_adapters_pad_id_unless_told_otherwise_and_then_sa
         "def bart():  # BART's pad id is 1\n"
         "    torch.manual_seed(0)\n"
         f"    return HFSeq2SeqAdapter(transformers.BartForConditionalGeneration(transformers.BartConfig(**{BART_LIKE!r})),\n"
-        "                            pad_id=1)\n")
+        "                            pad_id=1)\n"
+        "def far():  # a pad id past the checks' default vocabulary of 32\n"
+        "    return HFSeq2SeqAdapter(bart().model, pad_id=40)\n")
     spec = [f"{tmp_path / 'factories.py'}:bart", "--kind", "seq2seq", "--seeds", "1", "--json"]
     result = CliRunner().invoke(cli, ["check", *spec])
     assert result.exit_code == 0, result.output
@@ -220,3 +222,9 @@ def test_the_cli_pads_with_the_adapters_pad_id_unless_told_otherwise_and_then_sa
     told = CliRunner().invoke(cli, ["check", *spec, "--pad-id", "0"])  # as asked, with a warning that names both
     assert json.loads(told.stdout)["contract"]["pad_id"] == 0
     assert "warning: the adapter hides pad id 1 but --pad-id 0 pads the inputs" in told.stderr
+    unpadded = CliRunner().invoke(cli, ["check", *spec, "--pad-id", "none"])  # no padding asked for: no warning
+    assert json.loads(unpadded.stdout)["contract"]["pad_id"] is None and "warning" not in unpadded.stderr
+    outside = CliRunner().invoke(cli, ["check", f"{tmp_path / 'factories.py'}:far", "--kind", "seq2seq"])
+    assert outside.exit_code == 2 and outside.stderr == (
+        "error: the adapter's pad id 40 is outside the vocabulary 0..31 the checks draw ids from: give --vocab-size "
+        "above 40, or --pad-id\n")

@@ -316,7 +316,11 @@ def test_leaky_model_wins_under_teacher_forcing_and_collapses_free_running(tmp_p
         "--leaky\n")
     assert "it is a correct run; pass it as --correct" in experiment("--leaky", runs["correct"]).stderr
     languages = experiment("--src", "de", "--tgt", "en", "--correct", runs["correct"], "--leaky", runs["leaky"])
-    assert languages.exit_code == 2 and f"--correct {runs['correct']} translates xx to yy, not de to en" in languages.stderr
+    assert languages.exit_code == 2 and (f"--correct {runs['correct']} translates xx to yy, not as --src de --tgt en "
+                                         "says") in languages.stderr
+    assert "not as --tgt en says" in experiment("--tgt", "en", "--correct", runs["correct"], "--train", "t").stderr
+    # only the sides given are compared: --src xx alone is the run's own (what stops it here is the missing --train)
+    assert "no file t.xx" in experiment("--src", "xx", "--correct", runs["correct"], "--train", "t").stderr
     # Runs that cut the target into other tokens cannot be compared per token; other model shapes get a note.
     for name, vocab, width in (("other-tokens", 50, 32), ("wider", 150, 64)):
         train_translation(train=tmp_path / "train", valid=tmp_path / "valid", out=tmp_path / name,
@@ -340,6 +344,14 @@ def test_leaky_model_wins_under_teacher_forcing_and_collapses_free_running(tmp_p
     shutil.rmtree(tmp_path / "r4")  # the report of the wider run above
     other_vocab = experiment("--correct", runs["correct"], "--train", tmp_path / "train", "--vocab-size", "50")
     assert other_vocab.exit_code == 2 and "has a vocabulary of 150" in other_vocab.stderr, other_vocab.output
+    assert not (tmp_path / "r4").exists()
+    for lang in ("xx", "yy"):  # other training text: refused before it trains, naming the run's own
+        lines = (tmp_path / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+        (tmp_path / f"other.{lang}").write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")
+    other_text = experiment("--correct", runs["correct"], "--train", tmp_path / "other")
+    assert other_text.exit_code == 2 and other_text.stderr == (
+        f"error: --train {tmp_path / 'other'} is not the training data of --correct {runs['correct']} (its xx side was "
+        f"{tmp_path / 'train.xx'}): the model trained beside it must learn the same tokens from the same text\n")
     assert not (tmp_path / "r4").exists()
     beside = experiment("--correct", runs["correct"], "--train", tmp_path / "train", "--max-steps", "1",
                         "--eval-every", "1", "--no-progress")

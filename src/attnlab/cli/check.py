@@ -154,12 +154,16 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
             if hidden not in (_UNSET, None) and hidden != contract.pad_id:
                 # The adapter says which id the model is told to hide: padding with another would fail the
                 # padding checks for a model that is only never told where its padding is. (An adapter that
-                # hides nothing is checked with padding all the same: a forgotten mask is what they catch.)
-                if pad_given:
+                # hides nothing is checked with padding all the same: a forgotten mask is what they catch; and
+                # --pad-id none asks for no padding at all.)
+                if pad_given and contract.pad_id is not None:
                     click.echo(f"warning: the adapter hides pad id {hidden} but --pad-id {contract.pad_id} pads the "
                                "inputs: the padding checks judge a model that is not told where that padding is",
                                err=True)
-                else:
+                elif not pad_given:
+                    if not 0 <= hidden < vocab_size:
+                        raise AttnlabError(f"the adapter's pad id {hidden} is outside the vocabulary 0..{vocab_size - 1} "
+                                           f"the checks draw ids from: give --vocab-size above {hidden}, or --pad-id")
                     contract = replace(contract, pad_id=hidden)
             report = run_checks(model, contract, seeds=seeds, spec=spec)
     if as_json:

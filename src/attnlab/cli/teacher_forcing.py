@@ -60,6 +60,22 @@ def _refuse_unlike(runs: dict[str, Path]) -> None:
                    err=True)
 
 
+def _refuse_other_training_data(name: str, given: Path, run_config: dict, train: str, pair: tuple) -> None:
+    """Refuse, before anything trains, a --train other than the reused run's: the model trained beside it would
+    learn other tokens (and from other text), and the two could not be compared."""
+    from attnlab.errors import AttnlabError
+    from attnlab.files import fingerprint
+    from attnlab.tasks.parallel_data import side_path
+
+    saved = run_config.get("data", {}).get("files", {})  # (runs from before the digests have none)
+    for lang in pair:
+        record = saved.get(f"train.{lang}")
+        if record and fingerprint(side_path(train, lang)) != record["sha256"]:
+            raise AttnlabError(f"--train {train} is not the training data of --{name} {given} (its {lang} side was "
+                               f"{record['path']}): the model trained beside it must learn the same tokens from the "
+                               "same text")
+
+
 @click.command(name="teacher-forcing")
 @click.option("--train", "train", default=None, help="Training corpus prefix (to train both models).")
 @click.option("--valid", "valid", required=True, help="Validation corpus prefix: both measurements use it.")
@@ -103,21 +119,25 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
             raise AttnlabError(f"{out / name} already holds a run; measure it again with --{name} {out / name}, "
                                "or choose another --out")
         if given is not None:  # a run of another task, or no run, or the wrong one of the two, is named now
-            run_settings = read_run_config(given, "translate").get("settings", {})
+            run_config = read_run_config(given, "translate")
+            run_settings = run_config.get("settings", {})
             masked = run_settings.get("look_ahead_mask", True)
             if masked != (name == "correct"):
                 other = "leaky" if name == "correct" else "correct"
                 raise AttnlabError(f"--{name} {given} was trained {'with' if masked else 'without'} the look-ahead "
                                    f"mask: it is a {other} run; pass it as --{other}")
             pair = (run_settings.get("src"), run_settings.get("tgt"))
-            if (asked("src") or asked("tgt")) and pair != (src, tgt):  # a reused run reads --valid in its own languages
-                raise AttnlabError(f"--{name} {given} translates {pair[0]} to {pair[1]}, not {src} to {tgt} "
-                                   f"(--src/--tgt)")
+            differs = [f"--{o} {v}" for o, v, own in (("src", src, pair[0]), ("tgt", tgt, pair[1])) if asked(o) and v != own]
+            if differs:  # a reused run reads --valid in its own languages
+                raise AttnlabError(f"--{name} {given} translates {pair[0]} to {pair[1]}, not as {' '.join(differs)} "
+                                   "says")
             if asked("vocab_size") and run_settings.get("vocab_size") != vocab_size and None in (correct, leaky):
                 raise AttnlabError(f"--{name} {given} has a vocabulary of {run_settings.get('vocab_size')}: the model "
                                    f"trained beside it needs the same tokens to compare losses per token, not "
                                    f"--vocab-size {vocab_size}")
             reused = {k: run_settings[k] for k in ("src", "tgt", "vocab_size", "joint_vocab") if k in run_settings}
+            if train is not None and None in (correct, leaky):
+                _refuse_other_training_data(name, given, run_config, train, pair)
     with report_warnings():
         for name, given, mask in (("correct", correct, True), ("leaky", leaky, False)):
             if given is not None:
