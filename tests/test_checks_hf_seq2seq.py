@@ -3,6 +3,7 @@ models in :class:`HFSeq2SeqAdapter`, planted bugs fail the check meant to catch 
 (or to the wrong adapter) is refused with one line. Models are built from configs: nothing is downloaded."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -221,10 +222,20 @@ def test_the_cli_pads_with_the_adapters_pad_id_unless_told_otherwise_and_then_sa
     assert report["passed"] and {c["name"]: c["status"] for c in report["checks"]}["padding-invariance"] == "pass"
     told = CliRunner().invoke(cli, ["check", *spec, "--pad-id", "0"])  # as asked, with a warning that names both
     assert json.loads(told.stdout)["contract"]["pad_id"] == 0
-    assert "warning: the adapter hides pad id 1 but --pad-id 0 pads the inputs" in told.stderr
+    assert "warning: PadIdWarning: the adapter hides pad id 1 but the checks pad with 0" in told.stderr
     unpadded = CliRunner().invoke(cli, ["check", *spec, "--pad-id", "none"])  # no padding asked for: no warning
     assert json.loads(unpadded.stdout)["contract"]["pad_id"] is None and "warning" not in unpadded.stderr
     outside = CliRunner().invoke(cli, ["check", f"{tmp_path / 'factories.py'}:far", "--kind", "seq2seq"])
     assert outside.exit_code == 2 and outside.stderr == (
         "error: the adapter's pad id 40 is outside the vocabulary 0..31 the checks draw ids from: give --vocab-size "
         "above 40, or --pad-id\n")
+
+
+def test_python_callers_are_warned_when_the_contract_pads_with_another_id_than_the_adapter_hides():
+    bart = HFSeq2SeqAdapter(tiny_bart(), pad_id=BART_PAD)
+    with pytest.warns(UserWarning, match="the adapter hides pad id 1 but the checks pad with 0"):
+        check(bart, pad_id=0, seeds=1, only=["padding-invariance"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same id, or no padding at all: nothing to say
+        check(bart, pad_id=BART_PAD, seeds=1, only=["padding-invariance"])
+        check(bart, pad_id=None, seeds=1, only=["padding-invariance"])

@@ -339,6 +339,12 @@ def test_leaky_model_wins_under_teacher_forcing_and_collapses_free_running(tmp_p
     assert wider.exit_code == 0, wider.output
     assert "note: the correct and leaky models differ in more than the look-ahead mask (d_model 32 vs 64)" in wider.stderr
     assert "note:" not in result.stderr  # the two runs above differ in the mask alone
+    unheard = experiment("--correct", runs["correct"], "--leaky", runs["leaky"], "--max-steps", "5", "--seed", "4")
+    assert unheard.exit_code == 0 and "note: --max-steps, --seed unused: both runs are reused" in unheard.stderr
+    shutil.copytree(runs["leaky"], tmp_path / "no-tokenizer")
+    (tmp_path / "no-tokenizer" / "tokenizer.json").unlink()  # said as missing, not as another tokenizer
+    missing = experiment("--correct", runs["correct"], "--leaky", tmp_path / "no-tokenizer")
+    assert missing.stderr == f"error: no tokenizer file {tmp_path / 'no-tokenizer' / 'tokenizer.json'}\n"
     # One run reused, the other trained beside it: with the reused run's languages and vocabulary, so that the two
     # compare (an explicit other --vocab-size is refused before anything trains).
     shutil.rmtree(tmp_path / "r4")  # the report of the wider run above

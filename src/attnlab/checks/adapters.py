@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import warnings
 from typing import Any
 
 from torch import Tensor, nn
@@ -143,3 +144,18 @@ class HFSeq2SeqAdapter(nn.Module):
         """(batch, src_seq) source ids and (batch, tgt_seq) target ids -> the wrapped model's output."""
         return self.model(input_ids=src, attention_mask=self.source_mask(src),
                           decoder_input_ids=tgt, decoder_attention_mask=self.target_mask(tgt))
+
+
+class PadIdWarning(UserWarning):
+    """An adapter hides one pad id while the checks pad with another."""
+
+
+def warn_other_pad_id(model: Any, pad_id: int | None) -> None:
+    """Warn when ``model`` is an adapter that hides a pad id other than ``pad_id``, the one the checks pad with:
+    its padding checks would then judge a model that is never told where that padding is. (An adapter with no
+    pad id, or checks without padding, is no mismatch: a forgotten mask is what the padding checks catch.)"""
+    hidden = getattr(model, "pad_id", None) if isinstance(model, HFAdapter | HFSeq2SeqAdapter) else None
+    if hidden is not None and pad_id is not None and hidden != pad_id:
+        warnings.warn(f"the adapter hides pad id {hidden} but the checks pad with {pad_id} (the contract's pad_id, "
+                      "--pad-id): the padding checks judge a model that is not told where that padding is",
+                      PadIdWarning, stacklevel=3)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.checks.adapters import refuse_bare_encoder_decoder
+from attnlab.checks.adapters import refuse_bare_encoder_decoder, warn_other_pad_id
 from attnlab.checks.compare import TOLERANCE, Difference, Tolerance, difference
 from attnlab.checks.contract import Contract
 
@@ -83,6 +83,7 @@ class ModelUnderTest:
 
     def __init__(self, model: Callable[..., Any], contract: Contract) -> None:
         refuse_bare_encoder_decoder(model, contract.kind)
+        warn_other_pad_id(model, contract.pad_id)
         self.model, self.contract = model, contract
         # Inputs go to the device of the model's first parameter (CPU for anything else); outputs come
         # back to the CPU, where the checks compare them.

@@ -156,11 +156,8 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
                 # padding checks for a model that is only never told where its padding is. (An adapter that
                 # hides nothing is checked with padding all the same: a forgotten mask is what they catch; and
                 # --pad-id none asks for no padding at all.)
-                if pad_given and contract.pad_id is not None:
-                    click.echo(f"warning: the adapter hides pad id {hidden} but --pad-id {contract.pad_id} pads the "
-                               "inputs: the padding checks judge a model that is not told where that padding is",
-                               err=True)
-                elif not pad_given:
+                # (an explicit other --pad-id is kept; the checks warn that the two differ)
+                if not pad_given:
                     if not 0 <= hidden < vocab_size:
                         raise AttnlabError(f"the adapter's pad id {hidden} is outside the vocabulary 0..{vocab_size - 1} "
                                            f"the checks draw ids from: give --vocab-size above {hidden}, or --pad-id")

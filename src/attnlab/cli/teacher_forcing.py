@@ -42,11 +42,13 @@ def _refuse_unlike(runs: dict[str, Path]) -> None:
         raise AttnlabError(f"the {a} run {run_a} translates {pair_a[0]} to {pair_a[1]} but the {b} run {run_b} "
                            f"{pair_b[0]} to {pair_b[1]}: the table compares the two on one validation text")
 
-    def target_tokenizer(run: Path, config: dict) -> bytes | None:
-        try:  # (a missing file is named when the run is loaded)
-            return (run / config.get("settings", {}).get("tokenizers", {}).get("tgt", "tokenizer.json")).read_bytes()
-        except OSError:
-            return None
+    def target_tokenizer(run: Path, config: dict) -> bytes:
+        path = run / config.get("settings", {}).get("tokenizers", {}).get("tgt", "tokenizer.json")
+        try:
+            return path.read_bytes()
+        except OSError as err:  # said as loading the run would say it, not as tokenizers that differ
+            raise AttnlabError(f"no tokenizer file {path}" if not path.exists() else
+                               f"cannot read {path}: {err.strerror or err}") from err
 
     if target_tokenizer(run_a, config_a) != target_tokenizer(run_b, config_b):
         raise AttnlabError(f"the {a} run {run_a} and the {b} run {run_b} cut target text into different tokens (their "
@@ -138,6 +140,11 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
             reused = {k: run_settings[k] for k in ("src", "tgt", "vocab_size", "joint_vocab") if k in run_settings}
             if train is not None and None in (correct, leaky):
                 _refuse_other_training_data(name, given, run_config, train, pair)
+    if correct is not None and leaky is not None:  # nothing is trained: options for training would go unheard
+        unused = [f"--{o.replace('_', '-')}" for o in ("train", "max_seconds", "max_steps", "eval_every", "vocab_size",
+                                                        "seed") if asked(o)]
+        if unused:
+            click.echo(f"note: {', '.join(unused)} unused: both runs are reused, and nothing is trained", err=True)
     with report_warnings():
         for name, given, mask in (("correct", correct, True), ("leaky", leaky, False)):
             if given is not None:
