@@ -9,7 +9,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from attnlab.checks import Contract, HFAdapter, HFSeq2SeqAdapter, assert_causal, run_checks
+from attnlab.checks import Contract, HFAdapter, HFSeq2SeqAdapter, PadIdWarning, assert_causal, run_checks
 from attnlab.cli.main import cli
 from attnlab.errors import AttnlabError
 from attnlab.nn.masks import padding_mask
@@ -233,7 +233,7 @@ def test_the_cli_pads_with_the_adapters_pad_id_unless_told_otherwise_and_then_sa
 
 def test_python_callers_are_warned_when_the_contract_pads_with_another_id_than_the_adapter_hides():
     bart = HFSeq2SeqAdapter(tiny_bart(), pad_id=BART_PAD)
-    with pytest.warns(UserWarning, match="the adapter hides pad id 1 but the checks pad with 0"):
+    with pytest.warns(PadIdWarning, match="the adapter hides pad id 1 but the checks pad with 0"):
         check(bart, pad_id=0, seeds=1, only=["padding-invariance"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the same id, or no padding at all: nothing to say

@@ -32,7 +32,7 @@ go in :class:`HFAdapter` (encoders, decoders: ``model(ids)``) or :class:`HFSeq2S
 its attention mask.
 """
 
-from attnlab.checks.adapters import HFAdapter, HFSeq2SeqAdapter
+from attnlab.checks.adapters import HFAdapter, HFSeq2SeqAdapter, PadIdWarning
 from attnlab.checks.asserts import (
     assert_all_checks,
     assert_batch_independent,
@@ -54,7 +54,7 @@ from attnlab.checks.result import CheckResult
 from attnlab.checks.runner import CHECKS, run_check, run_checks
 
 __all__ = [
-    "HFAdapter", "HFSeq2SeqAdapter",
+    "HFAdapter", "HFSeq2SeqAdapter", "PadIdWarning",
     "assert_all_checks", "assert_batch_independent", "assert_causal", "assert_finite", "assert_inference_path", "assert_kv_cache", "assert_mode",
     "assert_order_sensitive", "assert_padding_content_ignored", "assert_padding_invariant",
     "output_tensor", "TOLERANCE", "Tolerance", "KINDS", "Contract", "load_factory", "load_model",
