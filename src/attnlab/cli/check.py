@@ -153,10 +153,9 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
             hidden = _adapter_pad_id(model)
             if hidden not in (_UNSET, None) and hidden != contract.pad_id:
                 # The adapter says which id the model is told to hide: padding with another would fail the
-                # padding checks for a model that is only never told where its padding is. (An adapter that
-                # hides nothing is checked with padding all the same: a forgotten mask is what they catch; and
-                # --pad-id none asks for no padding at all.)
-                # (an explicit other --pad-id is kept; the checks warn that the two differ)
+                # padding checks for a model that is only never told where its padding is. An explicit other
+                # --pad-id is kept (the checks warn that the two differ); an adapter that hides nothing is checked
+                # with padding all the same, since a forgotten mask is what the padding checks catch.
                 if not pad_given:
                     if not 0 <= hidden < vocab_size:
                         raise AttnlabError(f"the adapter's pad id {hidden} is outside the vocabulary 0..{vocab_size - 1} "

@@ -8,9 +8,10 @@ spinning thread takes the core another thread of the same step needs: 1.3x to 25
 
 So the language-model commands look at the CPUs they may run on for a tenth of a second before torch loads
 (``/proc/stat``'s per-CPU lines; a cpuset or ``taskset`` leaves the others out): when other processes keep less
-than :data:`IDLE_CORES` of a core busy they spin, else they sleep, as they also do where ``/proc/stat`` cannot be read. The variable is read once, when the
-OpenMP runtime loads with torch, so this module must be imported before torch is; a value the user set is
-kept (``OMP_WAIT_POLICY=PASSIVE`` on a machine that will be shared later, ``ACTIVE`` to always spin).
+than :data:`IDLE_CORES` of a core busy they spin, else they sleep, as they also do where ``/proc/stat`` cannot
+be read. The variable is read once, when the OpenMP runtime loads with torch, so this module must be imported
+before torch is; a value the user set is kept (``OMP_WAIT_POLICY=PASSIVE`` on a machine that will be shared
+later, ``ACTIVE`` to always spin).
 """
 
 from __future__ import annotations

@@ -129,8 +129,10 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
                 raise AttnlabError(f"--{name} {given} was trained {'with' if masked else 'without'} the look-ahead "
                                    f"mask: it is a {other} run; pass it as --{other}")
             pair = (run_settings.get("src"), run_settings.get("tgt"))
-            differs = [f"--{o} {v}" for o, v, own in (("src", src, pair[0]), ("tgt", tgt, pair[1])) if asked(o) and v != own]
-            if differs:  # a reused run reads --valid in its own languages
+            # A reused run reads --valid in its own languages: only the sides given can contradict them.
+            differs = [f"--{option} {value}" for option, value, own in (("src", src, pair[0]), ("tgt", tgt, pair[1]))
+                       if asked(option) and value != own]
+            if differs:
                 raise AttnlabError(f"--{name} {given} translates {pair[0]} to {pair[1]}, not as {' '.join(differs)} "
                                    "says")
             if asked("vocab_size") and run_settings.get("vocab_size") != vocab_size and None in (correct, leaky):

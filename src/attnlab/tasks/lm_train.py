@@ -11,8 +11,9 @@ Presets:
   250 steps on 20 batches.
 * ``shakespeare-fast``: the same width and context, 3 layers instead of 4, rotary positions, biases, trained with
   batch 32 at learning rate 6e-3 (cosine to 6e-4) for 480 steps, in bfloat16 autocast on a device (CPU or GPU)
-  that computes in bfloat16 itself (:func:`~attnlab.training.engine.has_fast_bf16`), and evaluated only at the end: validation loss <= 1.88 from 0.64x
-  nanoGPT's tokens at 0.8x its FLOPs per token (``notes/issue6.md`` has the measurements behind each choice).
+  that computes in bfloat16 itself (:func:`~attnlab.training.engine.has_fast_bf16`), and evaluated only at the
+  end: validation loss <= 1.88 from 0.64x nanoGPT's tokens at 0.8x its FLOPs per token (``notes/issue6.md`` has
+  the measurements behind each choice).
 """
 
 from __future__ import annotations
