@@ -2,6 +2,7 @@
 models in :class:`HFSeq2SeqAdapter`, planted bugs fail the check meant to catch them, and a model passed bare
 (or to the wrong adapter) is refused with one line. Models are built from configs: nothing is downloaded."""
 
+import inspect
 import json
 import warnings
 
@@ -202,6 +203,23 @@ def test_a_seq2seq_model_without_a_cache_skips_kv_cache_naming_both_protocols_it
     result = check(lambda src, tgt: torch.nn.functional.one_hot(tgt, VOCAB).float().cumsum(1),
                    only=["kv-cache"]).results[0]
     assert result.status == "skip" and "encode(src)" in result.summary and "HFSeq2SeqAdapter" in result.summary
+
+
+def test_a_wrapped_encoder_decoder_that_keeps_no_cache_skips_kv_cache_saying_so():
+    class Forgetful(transformers.T5ForConditionalGeneration):
+        """Takes the cache arguments, as every Hugging Face encoder-decoder does, but returns no cache."""
+
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            for name in ("cache", "past_key_values"):  # transformers 5 and earlier
+                if name in out:
+                    out[name] = None
+            return out
+
+    Forgetful.forward.__signature__ = inspect.signature(transformers.T5ForConditionalGeneration.forward)
+    model = HFSeq2SeqAdapter(Forgetful(tiny_t5().config).eval(), pad_id=0)
+    result = check(model, seeds=2, only=["kv-cache"]).results[0]
+    assert result.status == "skip" and "returned no" in result.summary and "key/value cache" in result.summary, result
 
 
 def test_the_cli_pads_with_the_adapters_pad_id_unless_told_otherwise_and_then_says_they_differ(tmp_path):
