@@ -150,11 +150,17 @@ class PadIdWarning(UserWarning):
     """An adapter hides one pad id while the checks pad with another."""
 
 
+def adapter_pad_id(model: Any) -> int | None:
+    """The pad id ``model`` hides when it is one of these adapters; None for an adapter that passes no mask, and
+    for any other model."""
+    return model.pad_id if isinstance(model, HFAdapter | HFSeq2SeqAdapter) else None
+
+
 def warn_other_pad_id(model: Any, pad_id: int | None) -> None:
     """Warn when ``model`` is an adapter that hides a pad id other than ``pad_id``, the one the checks pad with:
     its padding checks would then judge a model that is never told where that padding is. (An adapter with no
     pad id, or checks without padding, is no mismatch: a forgotten mask is what the padding checks catch.)"""
-    hidden = getattr(model, "pad_id", None) if isinstance(model, HFAdapter | HFSeq2SeqAdapter) else None
+    hidden = adapter_pad_id(model)
     if hidden is not None and pad_id is not None and hidden != pad_id:
         warnings.warn(f"the adapter hides pad id {hidden} but the checks pad with {pad_id} (the contract's pad_id, "
                       "--pad-id): the padding checks judge a model that is not told where that padding is",

@@ -97,6 +97,14 @@ def _cache_argument(forward: Any) -> str | None:
     return next((n for n in ("cache", "past_key_values") if accepts_keyword(forward, n)), None)
 
 
+def _kept_cache(out: Any, name: str) -> Any:
+    """The cache a Hugging Face model returned as ``out.<name>``; :class:`_NoCache` when it returned none."""
+    cache = getattr(out, name, None)
+    if cache is None:
+        raise _NoCache(f"the model takes use_cache but returned no {name}: it keeps no key/value cache")
+    return cache
+
+
 def _hugging_face_decoder(model: Any) -> Start | None:
     inner = model.model if isinstance(model, HFAdapter) else model
     pad_id = model.pad_id if isinstance(model, HFAdapter) else None  # the adapter hides it in the full pass
@@ -114,9 +122,7 @@ def _hugging_face_decoder(model: Any) -> Start | None:
             # the mask covers the cached positions and the new ones, as the adapter's full pass builds it
             mask = torch.ones_like(seen) if pad_id is None else hf_attention_mask(seen, pad_id)
             out = inner(input_ids=ids, attention_mask=mask, use_cache=True, **{name: held[0]})
-            held[:] = getattr(out, name, None), seen
-            if held[0] is None:  # an encoder (BERT) takes the argument and keeps nothing
-                raise _NoCache(f"the model takes use_cache but returned no {name}: it keeps no key/value cache")
+            held[:] = _kept_cache(out, name), seen  # (an encoder, BERT, takes the argument and keeps nothing)
             return out
         return step
     return start
@@ -143,9 +149,7 @@ def _hugging_face_seq2seq(model: Any) -> Start | None:
             # the target's mask, if the adapter builds one, covers the cached positions and the new ones
             out = inner(encoder_outputs=held[0], attention_mask=src_mask, decoder_input_ids=tgt,
                         decoder_attention_mask=model.target_mask(seen), use_cache=True, **{name: held[1]})
-            held[1:] = getattr(out, name, None), seen
-            if held[1] is None:
-                raise _NoCache(f"the model takes use_cache but returned no {name}: it keeps no key/value cache")
+            held[1:] = _kept_cache(out, name), seen
             return out
         return step
     return start

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 
+from attnlab.checks.adapters import adapter_pad_id
 from attnlab.checks.contract import KINDS, MAX_VOCAB_SIZE, MIN_MAX_LENGTH, MIN_VOCAB_SIZE, Contract
 from attnlab.checks.loading import load_model
 from attnlab.checks.runner import run_checks
@@ -54,13 +55,6 @@ def _pad_id(ctx: click.Context, param: click.Parameter, value: str | None) -> ob
         return int(value)
     except ValueError:
         raise click.BadParameter(f"{value!r} is not an integer or 'none'") from None
-
-
-def _adapter_pad_id(model: object) -> object:
-    """The pad id an ``attnlab.checks`` adapter hides (None: it passes no mask), or ``_UNSET`` for another model."""
-    from attnlab.checks import HFAdapter, HFSeq2SeqAdapter
-
-    return model.pad_id if isinstance(model, HFAdapter | HFSeq2SeqAdapter) else _UNSET
 
 
 def warning_lines(caught: Iterable[warnings.WarningMessage]) -> list[str]:
@@ -150,8 +144,8 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
         warnings.simplefilter("always")
         with contextlib.redirect_stdout(sys.stderr):  # the model's own prints must not mix into the report
             model = load_run(run)[0] if run is not None else load_model(spec)
-            hidden = _adapter_pad_id(model)
-            if hidden not in (_UNSET, None) and hidden != contract.pad_id:
+            hidden = adapter_pad_id(model)
+            if hidden is not None and hidden != contract.pad_id:
                 # The adapter says which id the model is told to hide: padding with another would fail the
                 # padding checks for a model that is only never told where its padding is. An explicit other
                 # --pad-id is kept (the checks warn that the two differ); an adapter that hides nothing is checked
