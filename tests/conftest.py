@@ -12,3 +12,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def children_keep_temp_files_here(tmp_path_factory):
+    """The processes tests start (torchrun's agents, Chromium) leave temporary folders of their own behind; pointing
+    their TMPDIR into pytest's base folder keeps those with the test's other files, which pytest rotates, instead of
+    piling up in the system's /tmp run after run."""
+    folder = tmp_path_factory.mktemp("children-tmp")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("TMPDIR", str(folder))
+    yield folder
+    patch.undo()
