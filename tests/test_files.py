@@ -152,3 +152,25 @@ def test_a_gz_name_is_written_compressed_and_reads_back(tmp_path):
     first = path.read_bytes()
     write_text_atomic(path, "ein Satz\nzwei\n")
     assert path.read_bytes() == first  # no time stamp inside: the same text, the same bytes
+
+
+def test_every_file_is_flushed_to_disk_before_its_rename(tmp_path, monkeypatch):
+    """After a crash of the machine a rename can stand on disk without the data renamed; the old checkpoint is
+    removed once the new one is in place, so each file written must be flushed before the swap."""
+    import attnlab.files as files
+
+    flushed, real_fsync = [], os.fsync
+
+    def spy(fd):
+        flushed.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(files.os, "fsync", spy)
+    with atomic_dir(tmp_path / "checkpoint") as tmp:
+        (tmp / "model.safetensors").write_bytes(b"weights")
+        (tmp / "trainer.json").write_text("{}")
+        folder = tmp.name
+    assert {"model.safetensors", "trainer.json", folder} <= set(flushed[:3])
+    flushed.clear()
+    write_text_atomic(tmp_path / "notes.txt", "text")
+    assert flushed[0].endswith(".tmp") and flushed[0].startswith(".notes.txt")

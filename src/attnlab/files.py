@@ -87,7 +87,9 @@ def refuse_changed(path: str | Path, saved: str | None, *, what: str, started_wi
                        f"{what}")
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """Flush a file's or a folder's contents to the disk: a rename can reach the disk before the data renamed, and
+    after a crash of the machine the new name would hold an empty or cut file."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -167,10 +169,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         os.chmod(tmp_path, mode)
         yield tmp_path
         os.chmod(tmp_path, mode)
-        with open(tmp_path, "rb+") as f:
-            os.fsync(f.fileno())
+        _fsync(tmp_path)
         os.replace(tmp_path, path)
-        _fsync_dir(path.parent)
+        _fsync(path.parent)
     finally:
         tmp_path.unlink(missing_ok=True)
 
@@ -205,17 +206,18 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     tmp.chmod(0o777 & ~_umask())  # mkdtemp's folders are private (0700); a made folder follows the umask
     try:
         yield tmp
-        for file in tmp.iterdir():  # safetensors writes its files private (0600)
+        for file in tmp.iterdir():
             if file.is_file():
-                file.chmod(0o666 & ~_umask())
-        _fsync_dir(tmp)
+                file.chmod(0o666 & ~_umask())  # safetensors writes its files private (0600)
+                _fsync(file)  # the old folder goes once the new one is in place: the new one's data must be on disk
+        _fsync(tmp)
         old = path.with_name(path.name + ".old")
         if old.exists():
             shutil.rmtree(old)
         if path.exists():
             os.replace(path, old)
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        _fsync(path.parent)
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

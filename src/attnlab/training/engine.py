@@ -42,7 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from attnlab.errors import AttnlabError
-from attnlab.files import refuse_non_folder
+from attnlab.files import refuse_non_folder, write_text_atomic
 from attnlab.training import distributed
 from attnlab.training.checkpoint import (
     CONFIG,
@@ -283,7 +283,7 @@ class Trainer:
                     kept.append(line)
             except json.JSONDecodeError:
                 continue  # a line cut short by a kill
-        self.metrics_path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
+        write_text_atomic(self.metrics_path, "".join(x + "\n" for x in kept))  # a kill now keeps the old log whole
 
     def _checkpoint(self) -> None:
         rng_states = distributed.all_gather(rng_state(), self.place)  # each process's stream, for an exact resume
