@@ -54,6 +54,18 @@ def test_bpe_tokenizer_specials_and_exact_detokenization(tmp_path):
     assert load_tokenizer(tmp_path / "b.json").encode(texts[0]) == tok.encode(texts[0])
 
 
+def test_bpe_reads_special_token_names_in_a_text_as_plain_characters(tmp_path):
+    """A sentence quoting "<pad>" or "<eos>" must not turn into padding or an end of sentence (the loss would
+    skip the one and a decoder learn to stop at the other), neither when trained nor once read back."""
+    texts = ["tags such as <pad> and <eos> appear in html", "a plain sentence about tags"] * 10
+    tok = BPETokenizer.train(texts, vocab_size=120, min_frequency=1)
+    tok.save(tmp_path / "b.json")
+    for t in (tok, load_tokenizer(tmp_path / "b.json")):
+        ids = t.encode(texts[0])
+        assert not {PAD_ID, UNK_ID, BOS_ID, EOS_ID} & set(ids)
+        assert t.decode(ids) == texts[0]
+
+
 def test_load_tokenizer_errors(tmp_path):
     with pytest.raises(AttnlabError, match="no tokenizer file"):
         load_tokenizer(tmp_path / "missing.json")

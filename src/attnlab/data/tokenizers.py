@@ -138,13 +138,13 @@ class BPETokenizer:
     pad_id = PAD_ID
 
     def __init__(self, tokenizer) -> None:  # a tokenizers.Tokenizer
-        self.hf = tokenizer
+        self.hf = _literal_specials(tokenizer)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2) -> BPETokenizer:
         from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-        tok = Tokenizer(models.BPE(unk_token=UNK))
+        tok = _literal_specials(Tokenizer(models.BPE(unk_token=UNK)))
         tok.normalizer = normalizers.NFKC()
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
@@ -191,6 +191,17 @@ class BPETokenizer:
 
     def save(self, path: str | Path) -> None:
         write_text_atomic(path, self.hf.to_str())
+
+
+def _literal_specials(tokenizer):
+    """``tokenizer``, made to read "<pad>" or "<eos>" in a text as the characters they are.
+
+    By default ``tokenizers`` turns such a string into the special id, so a sentence that quotes "<pad>" would be
+    masked as padding there and an "<eos>" inside a target would teach the model to stop mid-sentence; the
+    special ids come from the code (padding, bos and eos added by id), never from the text. The setting is not
+    saved in the tokenizer's file, hence set on every tokenizer made or read."""
+    tokenizer.encode_special_tokens = True
+    return tokenizer
 
 
 def load_tokenizer(path: str | Path, vocab_size: int | None = None) -> WordTokenizer | CharTokenizer | BPETokenizer:
