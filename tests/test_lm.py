@@ -251,6 +251,21 @@ def test_bpe_tokenizer_trains_generates_and_refuses_a_vocabulary_smaller_than_th
     assert odd.exit_code == 0 and "note: 1 piece of the prompt is not in the vocabulary; the model reads <unk>" in odd.stderr
 
 
+def test_bpe_learns_the_words_that_encoding_the_whole_text_meets(tmp_path):
+    """The text is encoded whole, where a word after a line break carries no word-start mark; trained on lines,
+    its merges (learned with the mark) never applied there and every such word fell into pieces."""
+    verse = "unto thee I speak\nunto thee I sing\n"
+    path = tmp_path / "verse.txt"
+    path.write_text(verse * 200, encoding="utf-8")
+    data = load_lm_data(path, tokenizer="bpe", bpe_vocab_size=80, val_fraction=0.1)
+    train_text = (verse * 200)[: int(len(verse) * 200 * 0.9)]
+    pieces = [data.tokenizer.hf.id_to_token(i) for i in data.train.tolist()]
+    # A line is three whole words: "▁thee", "▁I" and "▁speak\nunto" (its line break and the next line's first
+    # word); trained on lines it took five pieces, "unto" broken into "unt" and "o" after every line break.
+    assert "▁speak\nunto" in pieces and len(pieces) <= 3 * train_text.count("\n") + 3
+    assert data.tokenizer.decode(data.train.tolist()) == train_text
+
+
 def test_batches_are_seeded_by_epoch_and_shard_across_processes(tmp_path):
     path = tmp_path / "t.txt"
     path.write_text(TEXT)
@@ -269,6 +284,32 @@ def test_batches_are_seeded_by_epoch_and_shard_across_processes(tmp_path):
         assert torch.equal(torch.cat((x0, x1)).sort(0).values, batch.data[0].sort(0).values)
     with pytest.raises(AttnlabError, match="fewer than the context"):
         LMTask(data.train[:5], data.val, context=8, batch_size=2)
+
+
+def test_the_reported_loss_is_scored_on_other_windows_than_the_kept_weights_were_chosen_on(tmp_path, monkeypatch):
+    """Best-weight selection and the run's final figure draw their validation windows from two streams: were they
+    the same, the final loss would partly score the windows that chose the weights, and flatter them."""
+    import attnlab.tasks.lm as lm
+
+    path = tmp_path / "t.txt"
+    path.write_text(TEXT)
+    data = load_lm_data(path, val_fraction=0.3)
+    drawn, real = [], lm.random_windows
+
+    def spy(*args):
+        windows = real(*args)
+        drawn.append(windows[0])
+        return windows
+
+    monkeypatch.setattr(lm, "random_windows", spy)
+    model = build_lm(LM_PRESETS["nanogpt-cpu"], vocab_size=data.tokenizer.vocab_size)
+    task = LMTask(data.train, data.val, context=8, batch_size=4, eval_iters=2, eval_batch_size=3, seed=5)
+    task.evaluate(model)
+    task.evaluate(model)
+    lm.evaluate_loss(model, data.val, context=8, batch_size=3, iters=2, seed=5)  # what lm_train reports
+    selection, again, final = drawn
+    assert torch.equal(selection, again)  # every evaluation during training compares the same windows
+    assert not torch.equal(selection, final)
 
 
 def test_nanogpt_preset_builds_nanogpts_model_and_counts_its_flops():
