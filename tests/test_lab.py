@@ -414,6 +414,14 @@ def test_text_reader_keeps_only_needed_words_and_skips_a_header(tmp_path):
         load_text(path, ["king"], dim=3)
 
 
+def test_one_wide_vectors_are_refused_by_the_reader_in_the_files_words(tmp_path):
+    """A sinusoidal encoding needs two dimensions; the refusal names the file, not the encoding's inner width."""
+    path = tmp_path / "narrow.txt"
+    path.write_text("king 0.1\nqueen 0.2\n", encoding="utf-8")
+    with pytest.raises(AttnlabError, match=r"narrow.txt holds 1-wide vectors; the lab needs at least 2 dimensions"):
+        load_text(path, ["king"])
+
+
 def test_width_from_name():
     assert width_from_name("glove.6B.100d.txt") == 100
     assert width_from_name("/x/glove.twitter.27B.25d.txt") == 25
