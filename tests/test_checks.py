@@ -71,11 +71,11 @@ def test_a_wrong_batch_axis_is_an_output_error_not_an_exception_of_the_model():
         mut(torch.ones(3, 4, dtype=torch.long))
 
 
-def test_the_input_is_described_by_shape_and_row_lengths_per_side():
+def test_the_input_is_described_by_shape_and_a_length_a_row_per_side():
     mut = ModelUnderTest(lambda src, tgt: tgt.float(), Contract("seq2seq"))
-    mut(torch.tensor([[5, 0, 0], [5, 6, 7]]), torch.tensor([[1, 2], [3, 4]]))
-    assert mut.input_summary() == ("source of shape (2, 3) with row lengths 1, 3; "
-                                   "target of shape (2, 2) with row lengths 2")
+    mut(torch.tensor([[5, 6, 7], [5, 0, 0], [5, 6, 7]]), torch.tensor([[1, 2], [3, 4], [5, 6]]))
+    assert mut.input_summary() == ("source of shape (3, 3) with row lengths 3, 1, 3; "
+                                   "target of shape (3, 2) with row lengths 2, 2, 2")
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -169,12 +169,12 @@ def test_an_exception_names_the_input_that_raised_it():
     finite = run_checks(overruns, Contract("encoder", max_length=100), seeds=1, only=["finite-outputs"]).results[0]
     assert finite.summary == ("the model raised IndexError: index out of range in self [ids are drawn below vocab "
                               "size 32 (--vocab-size), rows are up to max length 100 (--max-length) long: does the "
-                              "model take both?] (seed 0; ids of shape (2, 100) with row lengths 100)")
+                              "model take both?] (seed 0; ids of shape (2, 100) with row lengths 100, 100)")
 
 
 @pytest.mark.parametrize(("model", "message"), [
     (lambda ids: torch.zeros(3, 7), r"the checks cannot use the model's output: the output has shape \(3, 7\), but "
-                                    r"the batch has 2 rows \(ids of shape \(2, 2\) with row lengths 2\)"),
+                                    r"the batch has 2 rows \(ids of shape \(2, 2\) with row lengths 2, 2\)"),
     (lambda ids: "logits", "the checks cannot use the model's output: the model returned str; expected a tensor"),
 ])
 def test_an_output_no_check_can_use_is_one_error_not_a_failure_in_every_check(model, message):
@@ -415,6 +415,29 @@ def test_cli_reads_a_package_module_spec(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     checks = {c["name"]: c["status"] for c in json.loads(result.stdout)["checks"]}
     assert checks["padding-invariance"] == "skip" and checks["causal"] == "pass"
+
+
+def test_an_exception_in_the_layout_probe_is_quoted_without_a_seed_it_did_not_use():
+    def no_rows_of_3(ids):
+        assert ids.shape[1] != 3, "no rows of 3"
+        return ids.float()
+
+    report = run_checks(no_rows_of_3, Contract("decoder", pad_id=None), seeds=1, only=["causal", "mode"])
+    for result in report.results:
+        assert result.status == "fail" and result.evidence["seed"] is None
+        assert result.summary == ("the model raised AssertionError: no rows of 3 (ids of shape (2, 3) with row "
+                                  "lengths 3, 3, the output-layout probe, the same for every seed)")
+
+
+def test_a_spec_may_name_a_model_built_at_module_level(tmp_path):
+    """``model = GPT(config)`` at module level is checked as it is: called without its ids as a factory, it would
+    fail with a TypeError about a missing argument that blames the model."""
+    (tmp_path / "built.py").write_text(
+        "import torch\nfrom attnlab.nn import DecoderLM\ntorch.manual_seed(0)\n"
+        "model = DecoderLM(32, 16, 1, 2, max_positions=16, dropout=0.1)\n")
+    result = invoke(f"{tmp_path / 'built.py'}:model", "--kind", "decoder", "--seeds", 1, "--pad-id", "none", "--json")
+    assert result.exit_code == 0, result.output
+    assert {c["name"]: c["status"] for c in json.loads(result.stdout)["checks"]}["causal"] == "pass"
 
 
 @pytest.mark.parametrize(("source", "spec", "message"), [

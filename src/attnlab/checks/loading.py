@@ -20,6 +20,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from torch import nn
+
 from attnlab.errors import AttnlabError
 
 
@@ -104,8 +106,11 @@ def load_factory(spec: str) -> Callable[[], Any]:
 
 
 def load_model(spec: str) -> Callable[..., Any]:
-    """Call the factory a SPEC names and return the model it builds."""
+    """Call the factory a SPEC names and return the model it builds; a SPEC naming a model itself (an
+    ``nn.Module`` instance at module level, ``model = GPT(config)``) gives that model."""
     factory = load_factory(spec)
+    if isinstance(factory, nn.Module):  # called without its inputs, it would fail with a misleading TypeError
+        return factory
     try:
         model = factory()
     except KeyboardInterrupt:
