@@ -261,6 +261,19 @@ def test_all_padding_rows_are_fed_only_when_the_contract_allows_them():
     assert refused.results[0].status == "pass"
 
 
+def test_nan_on_real_tokens_names_the_inverted_padding_mask_that_usually_causes_it():
+    """A decoder whose padding mask is inverted attends to padding only: its first query sees no key at all."""
+    def inverted_padding(ids):  # (batch, seq) -> (batch, seq, seq): attention weights
+        t = ids.shape[1]
+        attend = torch.ones(t, t).tril().bool() & (ids == 0)[:, None, :]
+        return torch.zeros(ids.shape[0], t, t).masked_fill(~attend, float("-inf")).softmax(-1)
+
+    nan = run_checks(inverted_padding, Contract("decoder"), seeds=1, only=["finite-outputs"]).results[0]
+    assert nan.failed and "NaN is what softmax gives a query whose every key is masked" in nan.summary
+    inf = run_checks(lambda ids: (ids.float() + 1) / 0, Contract("decoder"), seeds=1, only=["finite-outputs"]).results[0]
+    assert inf.failed and "softmax" not in inf.summary  # infinities only: another cause, no hint
+
+
 def test_a_tiny_vocabulary_still_gives_reorderings():
     report = run_checks(Tiny(causal=True), Contract("decoder", vocab_size=4, max_length=12), seeds=5)
     assert not report.failed

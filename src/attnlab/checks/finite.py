@@ -90,5 +90,9 @@ def check_finite_outputs(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
             if all("all-padding" in name for name in evidence["rows"]):
                 summary += ("; only rows made of padding: if the model refuses them by design, "
                             "--no-empty-rows (Contract(empty_rows=False)) leaves them out")
+            elif torch.isnan(out.float()).any():  # the commonest cause, named where a real token's output is lost
+                summary += ("; NaN is what softmax gives a query whose every key is masked: is a padding mask of "
+                            "the opposite polarity hiding the real tokens? (torch's key_padding_mask is True = "
+                            "ignore, a Hugging Face attention_mask 1 = keep)")
             return CheckResult(NAME, "fail", summary, tol, done, evidence)
     return CheckResult(NAME, "pass", f"all finite: {'; '.join(seen)}", tol, len(seeds))
