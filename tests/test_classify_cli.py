@@ -331,6 +331,26 @@ def test_a_fitted_schedule_is_the_same_run_as_its_fixed_length(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_fitted_run_stopped_by_its_budget_resumes_with_no_limit(tmp_path):
+    """A budget too short for one epoch says so; --max-seconds 0 on resume (the stop's own advice) runs the
+    planned steps to the end; a new run with neither a length nor a budget is refused in one line."""
+    train = write_tickets(tmp_path / "t.csv", 120, seed=4)
+    common = SMALL[: SMALL.index("--max-seconds")]
+    short = run("train", "classify", "--train", train, "--out", tmp_path / "r", *common, "--max-seconds", "0.001")
+    assert "schedule: 1 epoch of 7 steps, though it does not fit in 0.001 s" in short.output, short.output
+    stopped = run("train", "classify", "--train", train, "--out", tmp_path / "r", *common, "--max-seconds", "0.001",
+                  "--resume")
+    assert stopped.exit_code == 2 and "(0: no limit)" in stopped.output
+    done = run("train", "classify", "--train", train, "--out", tmp_path / "r", *common, "--max-seconds", "0",
+               "--resume")
+    assert done.exit_code == 0, done.output
+    assert json.loads((tmp_path / "r" / "result.json").read_text())["steps"] == 7
+    assert done.output.strip().splitlines()[-1].endswith(" s of this resume")  # not the whole run's wall time
+    none = run("train", "classify", "--train", train, "--out", tmp_path / "n", *common, "--max-seconds", "0")
+    assert none.exit_code == 2 and "--max-seconds 0 sets no limit to fit it to; give --epochs or --steps" in none.output
+    assert not (tmp_path / "n").exists()
+
+
 def test_the_epoch_timing_follows_the_batches_padded_sizes_not_the_typical_batch(monkeypatch):
     """Bucketed batches are skewed (most short, a few long); the epoch estimate must sum the real batches.
 

@@ -12,14 +12,14 @@ from attnlab.cli.console import console as stdout_console
 from attnlab.cli.params import PathParam, default_output
 from attnlab.tasks.classify import load_classifier
 from attnlab.tasks.classify_eval import draw_confusion, evaluate_table
-from attnlab.tasks.tables import read_table
+from attnlab.tasks.tables import TABLE_FORMATS, read_table
 from attnlab.training.checkpoint import refuse_overwriting
 from attnlab.training.plots import figure_format
 
 
 @click.command("classify")
 @click.argument("run", type=PathParam(path_type=Path))
-@click.option("--data", "data", type=PathParam(path_type=Path), required=True, help="Labelled table (.csv or .jsonl).")
+@click.option("--data", "data", type=PathParam(path_type=Path), required=True, help=f"Labelled table: {TABLE_FORMATS}.")
 @click.option("--text-column", default=None, help="[default: the run's]")
 @click.option("--label-column", default=None, help="[default: the run's, else 'label' or the one other column]")
 @click.option("--confusion", type=PathParam(path_type=Path), default=None,

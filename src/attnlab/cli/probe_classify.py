@@ -11,11 +11,11 @@ from attnlab.cli import SEED
 from attnlab.cli.params import PathParam
 from attnlab.tasks.classify import load_classifier
 from attnlab.tasks.classify_probes import IDENTICAL_ATOL, order_probe, padding_probe
-from attnlab.tasks.tables import read_table
+from attnlab.tasks.tables import TABLE_FORMATS, read_table
 
 _run = click.argument("run", type=PathParam(path_type=Path))
 _data = click.option("--data", "data", type=PathParam(path_type=Path), required=True,
-                     help="Labelled table (.csv or .jsonl).")
+                     help=f"Labelled table: {TABLE_FORMATS}.")
 _text = click.option("--text-column", default=None, help="[default: the run's]")
 _label = click.option("--label-column", default=None, help="[default: the run's, else 'label' or the other column]")
 _json = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

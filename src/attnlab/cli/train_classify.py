@@ -10,6 +10,7 @@ from attnlab.cli import SEED
 from attnlab.cli.params import FiniteFloat, PathParam
 from attnlab.cli.train import says_how_to_continue
 from attnlab.tasks.classify_train import MODEL_KINDS, ClassifySettings, train_classifier
+from attnlab.tasks.tables import TABLE_FORMATS
 
 DEFAULTS = ClassifySettings()
 
@@ -20,7 +21,7 @@ def _default(name: str) -> str:
 
 @click.command("classify")
 @click.option("--train", "train_path", type=PathParam(path_type=Path), required=True,
-              help="Training table (.csv, .tsv, or .jsonl with one JSON object a line).")
+              help=f"Training table: {TABLE_FORMATS}.")
 @click.option("--valid", "valid_path", type=PathParam(path_type=Path), default=None,
               help="Validation table; without it --valid-fraction of the training table is held out.")
 @click.option("--valid-fraction", type=FiniteFloat(0, 1, min_open=True, max_open=True), default=None, help=f"Share held out for validation. {_default('valid_fraction')}")

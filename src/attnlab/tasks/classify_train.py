@@ -148,15 +148,17 @@ class ClassifySettings:
             raise AttnlabError(f"unknown classification settings: {', '.join(sorted(unknown))}")
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
-    def check(self) -> None:
+    def check(self, *, new_run: bool = True) -> None:
+        """Refuse settings no run can use; ``new_run=False`` for a resumed run, whose length is already planned."""
         if self.model not in MODEL_KINDS:
             raise AttnlabError(f"unknown model {self.model!r}; choose one of {', '.join(MODEL_KINDS)}")
         if self.tokenizer not in ("word", "bpe"):
             raise AttnlabError(f"unknown tokenizer {self.tokenizer!r}; choose word or bpe")
         if self.batch_size < 1 or self.epochs < 0 or self.max_positions < 1 or self.max_epochs < 1:
             raise AttnlabError("batch size, max epochs and max positions must be at least 1, epochs at least 0")
-        if not self.epochs and not self.steps and not self.max_seconds:
-            raise AttnlabError("epochs 0 fits the run to --max-seconds; give --epochs, --steps or --max-seconds")
+        if new_run and not self.epochs and not self.steps and not self.max_seconds:
+            raise AttnlabError("--epochs 0 fits the run to --max-seconds, and --max-seconds 0 sets no limit to fit "
+                               "it to; give --epochs or --steps, or a time budget")
         if self.d_model % self.heads:  # said in the command's words (the core's message names head_dim)
             raise AttnlabError(f"--d-model {self.d_model} is not divisible by --heads {self.heads}: "
                                "each head gets d_model / heads dimensions")
@@ -303,10 +305,13 @@ class ClassifyReport:
         best_step: the step those weights come from.
         steps, planned_steps: steps taken and planned (fewer when stopped early or by the time budget).
         epochs: epochs trained (fractional).
-        wall_seconds: from reading the data to the end (what the command's last line reports).
-        train_seconds: the engine's training time.
+        wall_seconds: from reading the data to the end (what the command's last line reports); after a resume,
+            of this invocation only.
+        train_seconds: the engine's training time over the whole run, the parts before a resume included (so
+            after a resume it can exceed ``wall_seconds``).
         stopped_by: ``"steps"``, ``"time"`` or ``"patience"``.
         parameters: trainable parameters.
+        resumed: the run continued from a checkpoint (its last line says the wall time is of this resume).
     """
 
     accuracy: float
@@ -322,10 +327,12 @@ class ClassifyReport:
     parameters: int
     settings: dict[str, Any] = field(default_factory=dict)
     is_main: bool = True
+    resumed: bool = False
 
     def last_line(self) -> str:
         return (f"final validation accuracy {self.accuracy:.2%} ({self.correct}/{self.total}, best at step "
-                f"{self.best_step} of {self.steps}) | wall time {self.wall_seconds:.1f} s")
+                f"{self.best_step} of {self.steps}) | wall time {self.wall_seconds:.1f} s"
+                f"{' of this resume' if self.resumed else ''}")
 
 
 #: Share of ``max_seconds`` a fitted run plans for: the rest absorbs checkpoint writes and timing noise.
@@ -462,7 +469,7 @@ def train_classifier(
                          lengthened=steps != int(saved["train"]["max_steps"]))
     elif (out / CONFIG).exists():  # every process checks, before the barrier below lets rank 0 write
         raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
-    settings.check()
+    settings.check(new_run=saved is None)
     if saved is None:
         for line in unused_options(settings, requested or {}, valid_path is not None):
             note(f"note: {line}")
@@ -523,8 +530,13 @@ def train_classifier(
         budget = settings.max_seconds * FIT_SHARE
         epochs = max(1, min(settings.max_epochs, int(budget // epoch_seconds)))
         planned = epochs * per_epoch
-        note(f"schedule: {epochs} epochs of {per_epoch} steps fit in {settings.max_seconds:g} s "
-             f"(about {epoch_seconds:.1f} s an epoch, measured)")
+        measured = f"about {epoch_seconds:.1f} s an epoch, measured"
+        if budget < epoch_seconds:
+            note(f"schedule: 1 epoch of {per_epoch} steps, though it does not fit in {settings.max_seconds:g} s "
+                 f"({measured}): the time budget will stop the run before its end")
+        else:
+            note(f"schedule: {epochs} epoch{'' if epochs == 1 else 's'} of {per_epoch} steps fit in "
+                 f"{settings.max_seconds:g} s ({measured})")
     config = settings.train_config(planned, per_epoch, progress and main)
     distributed.checked_by_all(config.device)
     existed = Path(out).exists()
@@ -570,7 +582,7 @@ def train_classifier(
         best_step=int(best.get("step", 0)), steps=result.steps, planned_steps=planned,
         epochs=result.steps / per_epoch, wall_seconds=time.perf_counter() - started, train_seconds=result.elapsed,
         stopped_by=stopped_by, parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
-        settings=asdict(settings), is_main=main,
+        settings=asdict(settings), is_main=main, resumed=resume,
     )
     if main:
         write_json_atomic(out / RESULT_FILE, asdict(report))

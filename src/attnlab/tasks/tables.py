@@ -24,6 +24,9 @@ from attnlab.errors import AttnlabError
 from attnlab.files import decode_utf8
 
 JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
+#: The formats in a sentence, for the commands' help.
+TABLE_FORMATS = ("CSV with a header (.tsv: tab-separated; any other name: comma-separated) or JSON lines "
+                 "(.jsonl, .ndjson, .json: one object a line)")
 
 
 @dataclass
@@ -81,6 +84,10 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
     try:
         reader = csv.DictReader(raw.splitlines(), delimiter=delimiter)
         fields = list(reader.fieldnames or [])
+        twice = sorted({f for f in fields if fields.count(f) > 1})
+        if twice:  # DictReader would keep the last of the two without a word
+            raise AttnlabError(f"{path}: the header names the column{'s' if len(twice) > 1 else ''} "
+                               f"{', '.join(map(repr, twice))} twice; columns need names of their own")
         rows = []
         for row in reader:
             # DictReader files surplus fields under None and fills missing ones with None: either way the row's
@@ -104,6 +111,9 @@ def pick_label_column(columns: list[str], text_column: str, label_column: str | 
     if label_column is not None:
         if label_column not in columns:
             raise AttnlabError(f"{path} has no label column {label_column!r}; its columns are {columns}")
+        if label_column == text_column:  # the model would read its answer in its input
+            raise AttnlabError(f"--label-column {label_column!r} is the text column too; name the column that holds "
+                               "the labels")
         return label_column
     if "label" in columns:
         return "label"
@@ -167,13 +177,22 @@ def _row_name(path: Path, index: int) -> str:
     return f"row {index + 1}" if path.suffix.lower() in JSON_SUFFIXES else f"data row {index + 1}"
 
 
+#: From this many rows on, a label column with no label seen twice is refused (a column of texts or ids).
+UNIQUE_LABELS_ROWS = 20
+
+
 def check_classes(table: Table) -> list[str]:
-    """The sorted label set of a training table; one class is an error (nothing to learn)."""
+    """The sorted label set of a training table; one class is an error (nothing to learn), and so is a label
+    of its own for every row of a table of some size (no class has two examples: the wrong column)."""
     assert table.labels is not None
     classes = sorted(set(table.labels))
     if len(classes) < 2:
         raise AttnlabError(f"{table.path}: the label column {table.label_column!r} holds one class only "
                            f"({classes[0]!r}); a classifier needs at least two")
+    if len(classes) == len(table.labels) >= UNIQUE_LABELS_ROWS:
+        raise AttnlabError(f"{table.path}: the label column {table.label_column!r} holds a different value in each "
+                           f"of its {len(classes)} rows, so no class has two examples to learn from; is it the "
+                           "column of labels? (--label-column)")
     return classes
 
 
