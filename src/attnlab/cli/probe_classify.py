@@ -47,7 +47,7 @@ def probe_order(run: Path, data: Path, text_column: str | None, label_column: st
     if as_json:
         click.echo(json.dumps(result.as_dict()))
         return
-    click.echo(f"{result.texts} texts, {result.positions} positions")
+    click.echo(f"{result.texts} texts; positions: {result.positions}")  # learned, sinusoidal, rotary or none (a bag of words)
     click.echo(f"in order:                     {_pct(result.in_order)}")
     click.echo(f"shuffled:                     {_pct(result.shuffled)}  "
                f"({result.changed_by_shuffle:.1%} of the predictions change)")
