@@ -57,13 +57,20 @@ def test_bpe_tokenizer_specials_and_exact_detokenization(tmp_path):
 def test_bpe_reads_special_token_names_in_a_text_as_plain_characters(tmp_path):
     """A sentence quoting "<pad>" or "<eos>" must not turn into padding or an end of sentence (the loss would
     skip the one and a decoder learn to stop at the other), neither when trained nor once read back."""
-    texts = ["tags such as <pad> and <eos> appear in html", "a plain sentence about tags"] * 10
-    tok = BPETokenizer.train(texts, vocab_size=120, min_frequency=1)
+    texts = ["tags such as <pad> and <eos> appear in html", "a plain sentence about tags",
+             "in a listing (<pad>) or <b><eos></b>"] * 10
+    tok = BPETokenizer.train(texts, vocab_size=200, min_frequency=1)
     tok.save(tmp_path / "b.json")
     for t in (tok, load_tokenizer(tmp_path / "b.json")):
-        ids = t.encode(texts[0])
-        assert not {PAD_ID, UNK_ID, BOS_ID, EOS_ID} & set(ids)
-        assert t.decode(ids) == texts[0]
+        for text in texts[:3]:
+            ids = t.encode(text)
+            assert not {PAD_ID, UNK_ID, BOS_ID, EOS_ID} & set(ids)
+            assert t.decode(ids) == text
+    # Glued to other marks, "<pad" + ">" becomes a merge the trainer learns, whose result had the padding id.
+    glued = ["the html <b><pad></b> tag and the end marker\n<eos>\nshown in a listing", "a line (<pad>) quoted"] * 20
+    tok = BPETokenizer.train(glued, vocab_size=200, min_frequency=1)
+    ids = tok.encode("a line <pad> quoted <b><pad></b>")
+    assert not {PAD_ID, UNK_ID, BOS_ID, EOS_ID} & set(ids) and tok.decode(ids) == "a line <pad> quoted <b><pad></b>"
 
 
 def test_load_tokenizer_errors(tmp_path):

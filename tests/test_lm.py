@@ -251,6 +251,29 @@ def test_bpe_tokenizer_trains_generates_and_refuses_a_vocabulary_smaller_than_th
     assert odd.exit_code == 0 and "note: 1 piece of the prompt is not in the vocabulary; the model reads <unk>" in odd.stderr
 
 
+def test_a_resumed_bpe_run_encodes_with_its_saved_tokenizer_and_keeps_the_file(tmp_path, monkeypatch):
+    """Trained again on resume, a tokenizer made by another version of the code could give the same pieces other
+    ids (or another vocabulary size), and its file would be overwritten under the finished model."""
+    from attnlab.data.tokenizers import BPETokenizer
+
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "bpe"
+    args = ["train", "lm", "--text", text, "--out", out, *TINY, "--tokenizer", "bpe", "--bpe-vocab-size", "60",
+            "--steps", "40", "--checkpoint-every", "20"]
+    assert invoke(*args).exit_code == 0
+    saved = (out / "tokenizer.json").read_bytes()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a resumed run trained its tokenizer again")
+
+    monkeypatch.setattr(BPETokenizer, "train", no_training)
+    (out / "result.json").unlink()  # (killed after its last checkpoint: the final evaluation is left to do)
+    resumed = invoke(*args, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert (out / "tokenizer.json").read_bytes() == saved
+
+
 def test_bpe_learns_the_words_that_encoding_the_whole_text_meets(tmp_path):
     """The text is encoded whole, where a word after a line break carries no word-start mark; trained on lines,
     its merges (learned with the mark) never applied there and every such word fell into pieces."""
@@ -264,6 +287,17 @@ def test_bpe_learns_the_words_that_encoding_the_whole_text_meets(tmp_path):
     # word); trained on lines it took five pieces, "unto" broken into "unt" and "o" after every line break.
     assert "▁speak\nunto" in pieces and len(pieces) <= 3 * train_text.count("\n") + 3
     assert data.tokenizer.decode(data.train.tolist()) == train_text
+
+
+def test_the_bpe_training_pieces_cut_before_spaces_and_at_a_length_where_there_are_none():
+    from attnlab.tasks.lm import _space_cut_chunks
+
+    spaced = "unto thee I speak " * 50
+    pieces = list(_space_cut_chunks(spaced, size=40))
+    assert "".join(pieces) == spaced and all(p.startswith(" ") for p in pieces[1:])  # words whole, marks alike
+    unspaced = "天地玄黄宇宙洪荒" * 40  # one giant word: the trainer's time grows faster than its length
+    pieces = list(_space_cut_chunks(unspaced, size=40))
+    assert "".join(pieces) == unspaced and max(map(len, pieces)) == 40
 
 
 def test_batches_are_seeded_by_epoch_and_shard_across_processes(tmp_path):
@@ -348,6 +382,27 @@ def test_a_run_saved_before_the_bias_setting_resumes_with_its_biases(tmp_path):
     result = invoke("train", "lm", "--text", text, "--out", tmp_path / "run", "--resume", "--max-seconds", "0",
                     "--no-progress")
     assert result.exit_code == 0, result.output
+
+
+def test_a_run_saved_before_selection_had_its_own_windows_keeps_choosing_on_its_old_ones(tmp_path, monkeypatch):
+    """Its saved best was scored on the final figure's windows: a resume choosing on others would compare unlike."""
+    import attnlab.tasks.lm as lm
+
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    tiny = [*TINY[:TINY.index("--steps")], "--steps", "20", *TINY[TINY.index("--steps") + 2:], "--eval-every", "5"]
+    args = ["train", "lm", "--text", text, "--out", tmp_path / "run", *tiny]
+    assert invoke(*args, "--max-seconds", "1e-9").exit_code == 0  # stops after its first step, with a checkpoint
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config.pop("selection_windows") == "select"  # a new run's; an older attnlab wrote no such key
+    (tmp_path / "run" / "config.json").write_text(json.dumps(config))
+    streams, real = [], lm.seeded_generator
+    monkeypatch.setattr(lm, "seeded_generator", lambda *parts: streams.append(parts[0]) or real(*parts))
+    result = invoke("train", "lm", "--text", text, "--out", tmp_path / "run", "--resume", "--max-seconds", "0",
+                    "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "select" not in streams and streams.count("eval") >= 2  # the evaluations and the final figure
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["selection_windows"] == "eval"
 
 
 def test_a_validation_split_too_short_is_refused_before_training(tmp_path):

@@ -22,6 +22,7 @@ from attnlab.errors import AttnlabError
 from attnlab.files import write_text_atomic
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
+SPECIALS = (PAD, UNK, BOS, EOS)
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 # Words (letters/digits, with inner apostrophes) and single punctuation marks, lower-cased: seed 004's rule.
@@ -199,7 +200,18 @@ def _literal_specials(tokenizer):
     By default ``tokenizers`` turns such a string into the special id, so a sentence that quotes "<pad>" would be
     masked as padding there and an "<eos>" inside a target would teach the model to stop mid-sentence; the
     special ids come from the code (padding, bos and eos added by id), never from the text. The setting is not
-    saved in the tokenizer's file, hence set on every tokenizer made or read."""
+    saved in the tokenizer's file, hence set on every tokenizer made or read. A merge the trainer learned from
+    such a text (``<pad`` + ``>``) would still give the special id, since its result has that id in the
+    vocabulary: those merges go (a trained tokenizer is rebuilt without them, a loaded one too)."""
+    from tokenizers import Tokenizer
+
+    if type(tokenizer.model).__name__ == "BPE":
+        data = json.loads(tokenizer.to_str())
+        merges = data["model"]["merges"]
+        kept = [m for m in merges if "".join(m if isinstance(m, list) else m.split(" ")) not in SPECIALS]
+        if len(kept) != len(merges):
+            data["model"]["merges"] = kept
+            tokenizer = Tokenizer.from_str(json.dumps(data))
     tokenizer.encode_special_tokens = True
     return tokenizer
 

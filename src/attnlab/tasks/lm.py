@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.data.tokenizers import BPETokenizer, CharTokenizer
+from attnlab.data.tokenizers import BPETokenizer, CharTokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.files import decode_utf8
 from attnlab.training import Batch
@@ -71,15 +71,24 @@ def read_text(path: str | Path) -> str:
 
 
 def load_lm_data(path: str | Path, *, tokenizer: str = "char", val_fraction: float = 0.1,
-                 bpe_vocab_size: int = 2000) -> LMData:
-    """Read, split (last ``val_fraction`` of the characters is validation) and tokenize a text file."""
+                 bpe_vocab_size: int = 2000, saved_tokenizer: str | Path | None = None) -> LMData:
+    """Read, split (last ``val_fraction`` of the characters is validation) and tokenize a text file.
+
+    ``saved_tokenizer``: the tokenizer file of the run being resumed, used instead of training one: a
+    tokenizer trained again by another version of the code could give the same pieces other ids.
+    """
     if not 0.0 < val_fraction < 1.0:
         raise AttnlabError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
     text = read_text(path)
     cut = int(len(text) * (1.0 - val_fraction))
     train_text, val_text = text[:cut], text[cut:]
     tok: CharTokenizer | BPETokenizer
-    if tokenizer == "char":
+    if saved_tokenizer is not None:
+        loaded = load_tokenizer(saved_tokenizer)
+        if loaded.kind != tokenizer:
+            raise AttnlabError(f"{saved_tokenizer} is a {loaded.kind} tokenizer, but the run's settings say {tokenizer}")
+        tok = loaded  # type: ignore[assignment]
+    elif tokenizer == "char":
         tok = CharTokenizer.train(text)
     elif tokenizer == "bpe":
         tok = BPETokenizer.train(_space_cut_chunks(train_text), vocab_size=bpe_vocab_size)
@@ -95,11 +104,13 @@ def _space_cut_chunks(text: str, size: int = 1 << 16) -> Iterator[str]:
 
     The tokenizer is trained on the words that encoding the whole text will meet: a piece that starts with a
     space gets the same word-start mark as that word inside the whole. (Training on lines would learn "unto" with
-    the mark, while in the whole text the word after a line break has none, and its merges would never apply.)"""
+    the mark, while in the whole text the word after a line break has none, and its merges would never apply.)
+    Where no space comes within another ``size`` characters (a script written without spaces), the piece is cut
+    at ``size``: the trainer's time grows faster than a word's length."""
     start = 0
     while start < len(text):
-        end = text.find(" ", start + size)
-        end = len(text) if end == -1 else end
+        end = text.find(" ", start + size, start + 2 * size)
+        end = min(start + size, len(text)) if end == -1 else end
         yield text[start:end]
         start = end
 
@@ -171,10 +182,13 @@ class LMTask:
         seed: seeds the window positions together with the epoch.
         eval_iters, eval_batch_size: batches averaged by :meth:`evaluate` (``eval_batch_size`` defaults
             to ``batch_size``).
+        selection_windows: the window stream of those evaluations (``"eval"`` in runs saved before the
+            final figure had windows of its own).
     """
 
     def __init__(self, train: Tensor, val: Tensor, *, context: int, batch_size: int, batches_per_epoch: int = 1000,
-                 seed: int = 0, eval_iters: int = 20, eval_batch_size: int | None = None) -> None:
+                 seed: int = 0, eval_iters: int = 20, eval_batch_size: int | None = None,
+                 selection_windows: str = "select") -> None:
         check_split(train, context, "training")
         check_split(val, context, "validation")  # said before training, not after it at the final evaluation
         if batch_size < 1 or context < 1 or eval_iters < 1:
@@ -183,6 +197,7 @@ class LMTask:
         self.context, self.batch_size, self.batches_per_epoch = context, batch_size, batches_per_epoch
         self.seed, self.eval_iters = seed, eval_iters
         self.eval_batch_size = eval_batch_size or batch_size
+        self.selection_windows = selection_windows  # the stream of evaluate_loss the evaluations draw from
 
     def batches(self, epoch: int, place: Place) -> Iterator[Batch]:
         """This process's batches of ``epoch``: (inputs, targets), each (batch_size / world, context)."""
@@ -203,7 +218,7 @@ class LMTask:
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         """``val_loss`` in nats per token over ``eval_iters`` fixed random batches; ``score`` is its negative."""
         loss = evaluate_loss(model, self.val_ids, context=self.context, batch_size=self.eval_batch_size,
-                             iters=self.eval_iters, seed=self.seed, stream="select")
+                             iters=self.eval_iters, seed=self.seed, stream=self.selection_windows)
         return {"loss": loss, "val_loss": loss, "score": -loss}
 
 

@@ -288,6 +288,7 @@ def train_language_model(
     """
     started = time.perf_counter()
     refuse_non_folder(out, "--out")
+    run_config: dict[str, Any] | None = None
     if resume:  # the saved settings win: a resumed run must repeat the steps of the one it continues
         run_config = read_run_config(out, task_name)
         saved = run_config["lm"]
@@ -327,14 +328,20 @@ def train_language_model(
         raise AttnlabError(f"--width {settings.width} is not divisible by --heads {settings.heads}: "
                            "each head gets width / heads dimensions")
     with torch_threads(settings.threads):  # restored afterwards: callers in the same process keep theirs
+        # A resumed run encodes with the tokenizer it saved (and leaves that file as it is).
+        saved_tokenizer = Path(out) / TOKENIZER_FILE if run_config is not None else None
+        # Runs saved before the selection had windows of its own chose their weights on the final figure's: a
+        # resume compares its evaluations with the saved best on those same windows.
+        selection = run_config.get("selection_windows", "eval") if run_config is not None else "select"
         if data is None:
             data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction,
-                                bpe_vocab_size=settings.bpe_vocab_size)
+                                bpe_vocab_size=settings.bpe_vocab_size, saved_tokenizer=saved_tokenizer)
         if on_data is not None:
             on_data(data)
         model = build_lm(settings, data.tokenizer.vocab_size, model_class)
         task = LMTask(data.train, data.val, context=settings.context, batch_size=settings.batch_size,
-                      seed=settings.seed, eval_iters=settings.eval_iters, eval_batch_size=settings.eval_batch_size)
+                      seed=settings.seed, eval_iters=settings.eval_iters, eval_batch_size=settings.eval_batch_size,
+                      selection_windows=selection)
         if is_main_process():  # once the text and the settings have been accepted
             for note in _notes(settings, data, requested or {}):
                 print(f"note: {note}", file=sys.stderr)
@@ -343,7 +350,7 @@ def train_language_model(
         distributed.checked_by_all(config.device)
         # only now: a setting the model or the data refuse leaves no folder behind
         out = ensure_writable_dir(out) if main else Path(out)
-        if main:
+        if main and saved_tokenizer is None:
             data.tokenizer.save(out / TOKENIZER_FILE)
         run_config = {
             "task": task_name,
@@ -355,6 +362,7 @@ def train_language_model(
                      "val_tokens": len(data.val)},
             "lm": asdict(settings),
             "train": config_dict(config),
+            "selection_windows": selection,
         }
         if not resume and main:  # a resume records its settings once its checkpoint has loaded (record, below)
             write_run_config(out, run_config)
