@@ -272,6 +272,9 @@ def test_nan_on_real_tokens_names_the_inverted_padding_mask_that_usually_causes_
     assert nan.failed and "NaN is what softmax gives a query whose every key is masked" in nan.summary
     inf = run_checks(lambda ids: (ids.float() + 1) / 0, Contract("decoder"), seeds=1, only=["finite-outputs"]).results[0]
     assert inf.failed and "softmax" not in inf.summary  # infinities only: another cause, no hint
+    on_padding = run_checks(lambda ids: torch.where(ids == 0, float("nan"), ids.float()), Contract("decoder"), seeds=1,
+                            only=["finite-outputs"]).results[0]
+    assert on_padding.failed and "softmax" not in on_padding.summary  # no real token's output lost: no hint
 
 
 def test_a_tiny_vocabulary_still_gives_reorderings():

@@ -174,6 +174,7 @@ def test_bow_and_bpe_variants_train(tmp_path):
         assert run("predict", out, "where is the courier").exit_code == 0
     probe = json.loads(run("probe", "order", tmp_path / "bow", "--data", train, "--json").output)
     assert probe["positions"] == "none" and probe["in_order"] == probe["shuffled"]
+    assert run("probe", "order", tmp_path / "bow", "--data", train).output.startswith("200 texts; positions: none\n")
     padding = run("probe", "padding", tmp_path / "bow", "--data", train).output
     assert padding.startswith("note: this model has no attention layers") and "identical" in padding
     assert "zero attention" not in padding  # and no keys to hide either
@@ -349,6 +350,15 @@ def test_a_fitted_run_stopped_by_its_budget_resumes_with_no_limit(tmp_path):
     none = run("train", "classify", "--train", train, "--out", tmp_path / "n", *common, "--max-seconds", "0")
     assert none.exit_code == 2 and "--max-seconds 0 sets no limit to fit it to; give --epochs or --steps" in none.output
     assert not (tmp_path / "n").exists()
+
+
+def test_texts_taken_for_labels_are_named_as_the_likely_cause(tmp_path):
+    table = tmp_path / "t.csv"
+    table.write_text("text,subject,intent\n" + "".join(f"card {i},ticket {i},card\n" for i in range(40)))
+    result = run("train", "classify", "--train", table, "--label-column", "subject", "--out", tmp_path / "r", *SMALL,
+                 "--epochs", "1")
+    assert result.exit_code == 2 and "none of the 4 validation rows has a label the training data holds" in result.output
+    assert "column 'subject' holds a different value in each row: is it the column of labels?" in result.output
 
 
 def test_the_epoch_timing_follows_the_batches_padded_sizes_not_the_typical_batch(monkeypatch):

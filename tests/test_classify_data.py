@@ -81,8 +81,10 @@ def test_csv_and_jsonl_read_the_same_rows_and_two_column_files_find_their_label(
         ("text,team\nhi,a\n  ,b\n,c\n", {}, r"2 row\(s\) have an empty 'text' \(first: data row 2\)"),
         ("text,team\nhi,\n", {}, r"1 row\(s\) have no 'team' label"),
         ("text,team\n", {}, "holds no rows"),
-        ("text,team\nhi,a\n", {"label_column": "text"}, r"--label-column 'text' is the text column too"),
-        ("text,text\nhi,a\n", {}, r"bad.csv: the header names the column 'text' twice"),
+        ("text,team\nhi,a\n", {"label_column": "text"}, r"the text column 'text' is also the label column"),
+        ("label,team\nhi,a\n", {"text_column": "label"}, r"the text column 'label' is also the label column"),
+        ("text,text\nhi,a\n", {}, r"bad.csv: the header names the column 'text' 2 times"),
+        ("text,label,label\nhi,a,b\n", {}, r"bad.csv: the header names the column 'label' 2 times"),
     ],
 )
 def test_bad_tables_are_one_clear_error(tmp_path, content, kwargs, message):
@@ -92,7 +94,7 @@ def test_bad_tables_are_one_clear_error(tmp_path, content, kwargs, message):
         read_table(path, **kwargs)
 
 
-def test_missing_file_bad_json_one_class_and_a_class_a_row(tmp_path):
+def test_missing_file_bad_json_one_class_few_shots_and_a_spreadsheet(tmp_path):
     with pytest.raises(AttnlabError, match="data file not found"):
         read_table(tmp_path / "nope.csv")
     bad = tmp_path / "bad.jsonl"
@@ -103,13 +105,12 @@ def test_missing_file_bad_json_one_class_and_a_class_a_row(tmp_path):
     one.write_text("text,label\na,x\nb,x\n", encoding="utf-8")
     with pytest.raises(AttnlabError, match="holds one class only"):
         check_classes(read_table(one))
-    ids = tmp_path / "ids.csv"  # a column of ids (or of texts) taken for the labels
-    ids.write_text("text,label\n" + "".join(f"text {i},id-{i}\n" for i in range(20)), encoding="utf-8")
-    with pytest.raises(AttnlabError, match="holds a different value in each of its 20 rows"):
-        check_classes(read_table(ids))
-    few = tmp_path / "few.csv"  # a toy table of a row a class stays allowed
-    few.write_text("text,label\na,x\nb,y\nc,z\n", encoding="utf-8")
-    assert check_classes(read_table(few)) == ["x", "y", "z"]
+    few_shot = tmp_path / "few.csv"  # one example a class is a table to learn from (validated on another file)
+    few_shot.write_text("text,label\n" + "".join(f"text {i},intent-{i}\n" for i in range(25)), encoding="utf-8")
+    assert len(check_classes(read_table(few_shot))) == 25
+    sheet = tmp_path / "sheet.csv"  # a spreadsheet's export: empty names for its trailing cells, which go unread
+    sheet.write_text("text,label,,\nhi,a,,\nho,b,,\n", encoding="utf-8")
+    assert check_classes(read_table(sheet)) == ["a", "b"]
 
 
 def test_split_is_seeded_disjoint_and_complete(tmp_path):

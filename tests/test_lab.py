@@ -414,12 +414,16 @@ def test_text_reader_keeps_only_needed_words_and_skips_a_header(tmp_path):
         load_text(path, ["king"], dim=3)
 
 
-def test_one_wide_vectors_are_refused_by_the_reader_in_the_files_words(tmp_path):
-    """A sinusoidal encoding needs two dimensions; the refusal names the file, not the encoding's inner width."""
+def test_one_wide_vectors_are_refused_by_the_lab_in_the_files_words(tmp_path):
+    """A sinusoidal encoding needs two dimensions; the refusal names the file, not the encoding's inner width. The
+    reader itself takes them (a classifier projects its vectors: any width serves it)."""
     path = tmp_path / "narrow.txt"
     path.write_text("king 0.1\nqueen 0.2\n", encoding="utf-8")
-    with pytest.raises(AttnlabError, match=r"narrow.txt holds 1-wide vectors; the lab needs at least 2 dimensions"):
-        load_text(path, ["king"])
+    assert load_text(path, ["king"]).dim == 1
+    result = run_cli("--glove", str(path), "--out", str(tmp_path / "report"))
+    assert result.exit_code == 2 and not (tmp_path / "report").exists()
+    assert re.search(r"^error: .*narrow.txt \(1d, 2 words\) holds 1-wide vectors; the lab needs at least 2 dimensions",
+                     result.output)
 
 
 def test_width_from_name():

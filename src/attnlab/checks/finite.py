@@ -63,6 +63,16 @@ def _cases(gen: torch.Generator, contract: Contract) -> list[tuple[str, Tensor, 
     return [first, last, alone]
 
 
+def _nan_on_real_tokens(out: Tensor, ids: Tensor, pad_id: int | None, per_position: bool) -> bool:
+    """Whether a real token's output (batch, seq, ...), or a pooled output (batch, ...) of a row that holds
+    one, is NaN; NaN at padding positions alone may be a model's choice."""
+    real = ids != pad_id if pad_id is not None else torch.ones_like(ids, dtype=torch.bool)  # (batch, seq)
+    nan = torch.isnan(out.float())
+    if per_position:
+        return bool((nan.reshape(*nan.shape[:2], -1).any(-1) & real).any())
+    return bool((nan.reshape(nan.shape[0], -1).any(-1) & real.any(1)).any())
+
+
 def check_finite_outputs(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
     """Run the finite outputs check over ``seeds``; see the module docstring."""
     tol = "every value finite"
@@ -90,7 +100,7 @@ def check_finite_outputs(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
             if all("all-padding" in name for name in evidence["rows"]):
                 summary += ("; only rows made of padding: if the model refuses them by design, "
                             "--no-empty-rows (Contract(empty_rows=False)) leaves them out")
-            elif torch.isnan(out.float()).any():  # the commonest cause, named where a real token's output is lost
+            elif _nan_on_real_tokens(out, ids, mut.contract.pad_id, mut.per_position):  # its commonest cause
                 summary += ("; NaN is what softmax gives a query whose every key is masked: is a padding mask of "
                             "the opposite polarity hiding the real tokens? (torch's key_padding_mask is True = "
                             "ignore, a Hugging Face attention_mask 1 = keep)")

@@ -145,9 +145,6 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
                     except ValueError as err:
                         raise AttnlabError(f"{path}:{lineno}: the values for {word[:40]!r} are not all numbers; "
                                            "not a GloVe text file (expected 'word v1 v2 ... vd' per line)") from err
-                    if width == 1:  # said here: the encoding added to them would fail on a width it cannot use
-                        raise AttnlabError(f"{path} holds 1-wide vectors; the lab needs at least 2 dimensions (the "
-                                           "positional encoding pairs a sine with a cosine)")
                     if requested is not None and width != requested:
                         raise AttnlabError(f"{path} holds {width}-wide vectors, but {requested} was {why}")
                 # Counting separators is far cheaper than splitting 400,000 lines; split only on a mismatch

@@ -89,6 +89,9 @@ def run_lab(
     with Staging(out) as staging:
         step("glove")
         vectors = load_vectors(needed_words(), glove, dim)
+        if vectors.dim < 2:  # said in the file's words: the encoding would fail on an inner width of 0
+            raise AttnlabError(f"{vectors.source} holds {vectors.dim}-wide vectors; the lab needs at least 2 "
+                               "dimensions (the positional encoding pairs a sine with a cosine)")
         step("libraries")
         import torch
 

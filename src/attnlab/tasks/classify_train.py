@@ -210,9 +210,11 @@ def load_data(train_path: str | Path, valid_path: str | Path | None, settings: C
     unseen = [i for i, lab in enumerate(valid.labels) if lab not in known]
     if unseen and len(unseen) == len(valid.labels):  # validation would measure nothing: said before training
         kinds = sorted(set(valid.labels))
+        own = (f" (the training rows' column {train.label_column!r} holds a different value in each row: is it the "
+               "column of labels? --label-column)" if len(set(train.labels or [])) == len(train) else "")
         raise AttnlabError(f"none of the {len(unseen)} validation rows has a label the training data holds "
                            f"({', '.join(kinds[:5])}{', ...' if len(kinds) > 5 else ''}); validation would "
-                           "measure nothing")
+                           f"measure nothing{own}")
     if unseen:
         kinds = sorted({valid.labels[i] for i in unseen})
         notes.append(f"validation: {len(unseen)} rows have labels not in the training data ({', '.join(kinds[:5])}"
@@ -531,7 +533,7 @@ def train_classifier(
         epochs = max(1, min(settings.max_epochs, int(budget // epoch_seconds)))
         planned = epochs * per_epoch
         measured = f"about {epoch_seconds:.1f} s an epoch, measured"
-        if budget < epoch_seconds:
+        if settings.max_seconds < epoch_seconds:
             note(f"schedule: 1 epoch of {per_epoch} steps, though it does not fit in {settings.max_seconds:g} s "
                  f"({measured}): the time budget will stop the run before its end")
         else:

@@ -84,10 +84,6 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
     try:
         reader = csv.DictReader(raw.splitlines(), delimiter=delimiter)
         fields = list(reader.fieldnames or [])
-        twice = sorted({f for f in fields if fields.count(f) > 1})
-        if twice:  # DictReader would keep the last of the two without a word
-            raise AttnlabError(f"{path}: the header names the column{'s' if len(twice) > 1 else ''} "
-                               f"{', '.join(map(repr, twice))} twice; columns need names of their own")
         rows = []
         for row in reader:
             # DictReader files surplus fields under None and fills missing ones with None: either way the row's
@@ -111,9 +107,6 @@ def pick_label_column(columns: list[str], text_column: str, label_column: str | 
     if label_column is not None:
         if label_column not in columns:
             raise AttnlabError(f"{path} has no label column {label_column!r}; its columns are {columns}")
-        if label_column == text_column:  # the model would read its answer in its input
-            raise AttnlabError(f"--label-column {label_column!r} is the text column too; name the column that holds "
-                               "the labels")
         return label_column
     if "label" in columns:
         return "label"
@@ -150,7 +143,13 @@ def read_table(
         raise AttnlabError(f"{path} holds no rows")
     if text_column not in columns:
         raise AttnlabError(f"{path} has no text column {text_column!r}; its columns are {columns}: pass --text-column")
+    _refuse_twice(columns, text_column, path)
     label_col = pick_label_column(columns, text_column, label_column, path, prefer_label_column) if with_labels else None
+    if label_col is not None:
+        _refuse_twice(columns, label_col, path)
+        if label_col == text_column:  # the model would read its answer in its input
+            raise AttnlabError(f"{path}: the text column {text_column!r} is also the label column; name the column "
+                               "that holds the labels with --label-column (or the texts' with --text-column)")
     texts = [_cell(r.get(text_column)) for r in rows]
     empty = [i for i, t in enumerate(texts) if not t.strip()]
     if empty:
@@ -165,6 +164,14 @@ def read_table(
     return Table(texts, labels, path, columns, text_column, label_col)
 
 
+def _refuse_twice(columns: list[str], column: str, path: Path) -> None:
+    """A column the run reads must have its name once in the header: a CSV reader keeps the last of two without
+    a word. (Other names may repeat, as the empty names of a spreadsheet's trailing cells do.)"""
+    if columns.count(column) > 1:
+        raise AttnlabError(f"{path}: the header names the column {column!r} {columns.count(column)} times; the "
+                           "columns read need names of their own")
+
+
 def _cell(value: object) -> str:
     """A cell as text: JSON numbers and booleans become their JSON spelling, a missing cell ''."""
     if value is None:
@@ -177,22 +184,13 @@ def _row_name(path: Path, index: int) -> str:
     return f"row {index + 1}" if path.suffix.lower() in JSON_SUFFIXES else f"data row {index + 1}"
 
 
-#: From this many rows on, a label column with no label seen twice is refused (a column of texts or ids).
-UNIQUE_LABELS_ROWS = 20
-
-
 def check_classes(table: Table) -> list[str]:
-    """The sorted label set of a training table; one class is an error (nothing to learn), and so is a label
-    of its own for every row of a table of some size (no class has two examples: the wrong column)."""
+    """The sorted label set of a training table; one class is an error (nothing to learn)."""
     assert table.labels is not None
     classes = sorted(set(table.labels))
     if len(classes) < 2:
         raise AttnlabError(f"{table.path}: the label column {table.label_column!r} holds one class only "
                            f"({classes[0]!r}); a classifier needs at least two")
-    if len(classes) == len(table.labels) >= UNIQUE_LABELS_ROWS:
-        raise AttnlabError(f"{table.path}: the label column {table.label_column!r} holds a different value in each "
-                           f"of its {len(classes)} rows, so no class has two examples to learn from; is it the "
-                           "column of labels? (--label-column)")
     return classes
 
 
