@@ -206,6 +206,29 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_on_resume(run, tm
         (run[0] / "result.json").read_text())["val_loss"], abs=1e-5)  # the same run as the uninterrupted one
 
 
+def test_a_resume_without_the_runs_tokenizer_is_refused_unless_the_run_starts_again(run, tmp_path):
+    import shutil
+
+    text = run[0].parent / "fox.txt"
+    lost = tmp_path / "lost"
+    shutil.copytree(run[0], lost, ignore=shutil.ignore_patterns("tokenizer.json", "result.json"))
+    result = invoke("train", "lm", "--text", text, "--out", lost, "--resume", "--no-progress")
+    assert result.exit_code == 2 and result.stderr == (f"error: {lost / 'tokenizer.json'} is missing: the run cannot "
+                                                        "go on without the tokenizer it was trained with\n")
+    # Killed before its first checkpoint (and its tokenizer gone, or written by an attnlab that saved no selection
+    # windows): it starts again from step 0 with a new tokenizer, choosing on windows of their own.
+    fresh = tmp_path / "fresh"
+    shutil.copytree(run[0], fresh, ignore=shutil.ignore_patterns("tokenizer.json", "checkpoint", "model.safetensors",
+                                                                 "result.json"))
+    config = json.loads((fresh / "config.json").read_text())
+    del config["selection_windows"]
+    (fresh / "config.json").write_text(json.dumps(config))
+    result = invoke("train", "lm", "--text", text, "--out", fresh, "--resume", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert (fresh / "tokenizer.json").read_bytes() == (run[0] / "tokenizer.json").read_bytes()
+    assert json.loads((fresh / "config.json").read_text())["selection_windows"] == "select"
+
+
 def test_a_run_too_short_for_a_steady_window_reports_its_overall_rate_not_nan(tmp_path):
     text = tmp_path / "fox.txt"
     text.write_text(TEXT, encoding="utf-8")

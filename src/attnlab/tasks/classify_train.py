@@ -537,8 +537,8 @@ def train_classifier(
             note(f"schedule: 1 epoch of {per_epoch} steps, though it does not fit in {settings.max_seconds:g} s "
                  f"({measured}): the time budget will stop the run before its end")
         else:
-            note(f"schedule: {epochs} epoch{'' if epochs == 1 else 's'} of {per_epoch} steps fit in "
-                 f"{settings.max_seconds:g} s ({measured})")
+            many = "1 epoch of {} steps fits" if epochs == 1 else f"{epochs} epochs of {{}} steps fit"
+            note(f"schedule: {many.format(per_epoch)} in {settings.max_seconds:g} s ({measured})")
     config = settings.train_config(planned, per_epoch, progress and main)
     distributed.checked_by_all(config.device)
     existed = Path(out).exists()

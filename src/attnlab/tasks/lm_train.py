@@ -328,11 +328,17 @@ def train_language_model(
         raise AttnlabError(f"--width {settings.width} is not divisible by --heads {settings.heads}: "
                            "each head gets width / heads dimensions")
     with torch_threads(settings.threads):  # restored afterwards: callers in the same process keep theirs
-        # A resumed run encodes with the tokenizer it saved (and leaves that file as it is).
-        saved_tokenizer = Path(out) / TOKENIZER_FILE if run_config is not None else None
+        # A resumed run encodes with the tokenizer it saved (and leaves that file as it is); one that starts again
+        # from step 0 does too when the file is there.
+        saved_tokenizer = Path(out) / TOKENIZER_FILE
+        if resume and not saved_tokenizer.is_file():
+            raise AttnlabError(f"{saved_tokenizer} is missing: the run cannot go on without the tokenizer it was "
+                               "trained with")
+        if run_config is None or not saved_tokenizer.is_file():
+            saved_tokenizer = None
         # Runs saved before the selection had windows of its own chose their weights on the final figure's: a
         # resume compares its evaluations with the saved best on those same windows.
-        selection = run_config.get("selection_windows", "eval") if run_config is not None else "select"
+        selection = run_config.get("selection_windows", "eval") if resume else "select"
         if data is None:
             data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction,
                                 bpe_vocab_size=settings.bpe_vocab_size, saved_tokenizer=saved_tokenizer)
