@@ -128,7 +128,8 @@ def _stopped(name: str, mut: ModelUnderTest, what: str, evidence: dict[str, Any]
     """A failed check that stopped on ``what``, with the seed and the latest input as its evidence."""
     where = [f"seed {mut.seed}"] if mut.seed is not None else []
     if mut.last_input:  # with no seed yet, the input was the fixed one that finds out the output layout
-        where += [mut.input_summary() + ("" if mut.seed is not None else ", the output-layout probe, the same for every seed")]
+        probe = "" if mut.seed is not None else ", the output-layout probe, the same for every seed"
+        where += [mut.input_summary() + probe]
     summary = what + (f" ({'; '.join(where)})" if where else "")
     return CheckResult(name, "fail", summary, "", 0, {**evidence, "seed": mut.seed, "input": mut.last_input})
 

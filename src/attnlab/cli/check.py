@@ -104,8 +104,8 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
 
     SPEC is a run folder written by `attnlab train` (its kind, padding id, vocabulary and context are the
     defaults), or path/to/file.py:factory or package.module:factory (looked up from the current directory
-    too), a factory taking no arguments (or a model built at module level). Exit status 1 when a check fails, 0 otherwise, 2 when the model
-    cannot be loaded. Python warnings come once each, as 'warning:' lines on stderr after the report.
+    too), a factory taking no arguments (or a model built at module level). Exit status 1 when a check fails,
+    0 otherwise, 2 when the model cannot be loaded. Python warnings come once each, as 'warning:' lines on stderr after the report.
     """
     if not spec.strip():  # Path("") is the current folder
         raise click.BadParameter("the name is empty; give a run folder or path/to/file.py:factory",
