@@ -175,6 +175,11 @@ def test_bow_and_bpe_variants_train(tmp_path):
     probe = json.loads(run("probe", "order", tmp_path / "bow", "--data", train, "--json").output)
     assert probe["positions"] == "none" and probe["in_order"] == probe["shuffled"]
     assert run("probe", "order", tmp_path / "bow", "--data", train).output.startswith("200 texts; positions: none\n")
+    other = tmp_path / "other.csv"  # labels the run never saw: said, as eval classify says it
+    other.write_text("text,label\nwhere is my parcel,lost_parcel\nmy card broke,broken_card\n", encoding="utf-8")
+    noted = run("probe", "order", tmp_path / "bow", "--data", other, "--json")
+    assert noted.exit_code == 0 and noted.stderr.startswith("note: 2 rows have labels the run never saw (broken_card, "
+                                                            "lost_parcel); they count as errors in every accuracy")
     padding = run("probe", "padding", tmp_path / "bow", "--data", train).output
     assert padding.startswith("note: this model has no attention layers") and "identical" in padding
     assert "zero attention" not in padding  # and no keys to hide either
@@ -350,6 +355,13 @@ def test_a_fitted_run_stopped_by_its_budget_resumes_with_no_limit(tmp_path):
     none = run("train", "classify", "--train", train, "--out", tmp_path / "n", *common, "--max-seconds", "0")
     assert none.exit_code == 2 and "--max-seconds 0 sets no limit to fit it to; give --epochs or --steps" in none.output
     assert not (tmp_path / "n").exists()
+
+
+def test_validating_on_the_training_file_is_noted(tmp_path):
+    train = write_tickets(tmp_path / "t.csv", 60, seed=4)
+    result = run("train", "classify", "--train", train, "--valid", train, "--out", tmp_path / "r", *SMALL, "--epochs", "1")
+    assert result.exit_code == 0, result.output
+    assert f"validation: {train} is the training file too; its accuracy measures memory" in result.output
 
 
 def test_texts_taken_for_labels_are_named_as_the_likely_cause(tmp_path):

@@ -25,6 +25,12 @@ def _load(run: Path, data: Path, text_column: str | None, label_column: str | No
     clf = load_classifier(run)
     table = read_table(data, text_column=text_column or clf.config.get("text_column", "text"),
                        label_column=label_column, prefer_label_column=clf.config.get("label_column"))
+    known = set(clf.labels)
+    unseen = [lab for lab in table.labels or [] if lab not in known]
+    if unseen:  # said, as eval classify says it: an accuracy of 0 would otherwise look like the probe's finding
+        kinds = sorted(set(unseen))
+        click.echo(f"note: {len(unseen)} rows have labels the run never saw ({', '.join(kinds[:5])}"
+                   f"{', ...' if len(kinds) > 5 else ''}); they count as errors in every accuracy", err=True)
     return clf, table
 
 

@@ -205,6 +205,9 @@ def load_data(train_path: str | Path, valid_path: str | Path | None, settings: C
         train, valid = split_off(train, settings.valid_fraction, settings.seed)
     labels = labels or check_classes(train)
     notes = []
+    if valid_path is not None and Path(valid_path).resolve() == Path(train_path).resolve():
+        notes.append(f"validation: {valid_path} is the training file too; its accuracy measures memory, not what the "
+                     "model makes of texts it has not seen (without --valid, --valid-fraction holds rows out)")
     known = set(labels)
     assert valid.labels is not None
     unseen = [i for i, lab in enumerate(valid.labels) if lab not in known]
