@@ -5,7 +5,7 @@ import pytest
 from click.testing import CliRunner
 
 from attnlab.cli.main import cli
-from attnlab.cli.params import FiniteFloat, PathParam
+from attnlab.cli.params import FiniteFloat, PathParam, Threads
 
 
 def all_params():
@@ -31,6 +31,24 @@ def test_every_float_option_refuses_nan_and_infinity():
     floats = [(name, p.name, p.type) for name, p in all_params() if isinstance(p.type, click.types.FloatParamType)]
     assert len(floats) > 20  # --lr, --dropout, --temperature, --length-penalty, ... across the commands
     assert [(name, param) for name, param, kind in floats if not isinstance(kind, FiniteFloat)] == []
+
+
+def test_every_threads_option_notes_more_threads_than_cpus(monkeypatch):
+    threads = [(name, p.type) for name, p in all_params() if p.name == "threads"]
+    assert len(threads) >= 6 and [name for name, kind in threads if not isinstance(kind, Threads)] == []
+    monkeypatch.setattr("attnlab.cli.params.own_cpus", lambda: {0, 1})
+
+    @click.command()
+    @click.option("--threads", type=Threads(), default=None)
+    def command(threads):
+        click.echo(threads)
+
+    many = CliRunner().invoke(command, ["--threads", "1000"])
+    assert many.exit_code == 0 and many.stdout == "1000\n"
+    assert many.stderr == ("note: --threads 1000 is more than the 2 CPUs this process may use; the extra threads only "
+                           "wait for each other\n")
+    assert CliRunner().invoke(command, ["--threads", "2"]).stderr == ""
+    assert CliRunner().invoke(command, ["--threads", "-1"]).exit_code == 2
 
 
 @pytest.mark.parametrize("args", [["train", "classify", "--train", "x.csv", "--out", "y", "--dropout", "nan"],

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED, omp_wait  # noqa: F401  (omp_wait: before torch is imported)
-from attnlab.cli.params import FiniteFloat, PathParam
+from attnlab.cli.params import FiniteFloat, PathParam, Threads
 from attnlab.data.tokenizers import UNK_ID, CharTokenizer, Tokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.nn.models import DecoderLM
@@ -33,7 +33,7 @@ from attnlab.training.checkpoint import load_run
               help="Stop a sample once its generated text contains TEXT (printed with it; may be repeated).")
 @click.option("--greedy", is_flag=True, help="Always take the most likely token (ignores temperature, top-k, top-p).")
 @click.option("--no-cache", is_flag=True, help="Recompute the whole window every step instead of using the KV cache.")
-@click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,
+@click.option("--threads", type=Threads(), default=1, show_default=True,
               help="torch threads (0: one per core). A cached step computes one position, too little to share: "
                    "one thread was 10-15% faster than two on 2 cores.")
 def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None,

@@ -20,6 +20,8 @@ import os
 import time
 from collections.abc import Callable, Collection
 
+from attnlab.cli.params import own_cpus
+
 #: Other processes using less than this many cores count as an idle machine.
 IDLE_CORES = 0.25
 #: How long the machine is watched.
@@ -79,13 +81,5 @@ def _read_stat() -> str:
         return f.read()
 
 
-def _own_cpus() -> set[int]:
-    """The CPUs this process may run on: only their load matters (a cpuset or ``taskset`` leaves out the rest)."""
-    try:
-        return os.sched_getaffinity(0)
-    except (AttributeError, OSError):  # not Linux
-        return set(range(os.cpu_count() or 1))
-
-
 if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ["OMP_WAIT_POLICY"] = wait_policy(_read_stat, cpus=_own_cpus())
+    os.environ["OMP_WAIT_POLICY"] = wait_policy(_read_stat, cpus=own_cpus())  # only their load matters

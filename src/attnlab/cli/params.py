@@ -45,6 +45,30 @@ class FiniteFloat(click.FloatRange):
         return "" if self.min is None and self.max is None else super()._describe_range()
 
 
+def own_cpus() -> set[int]:
+    """The CPUs this process may run on (a cpuset or ``taskset`` leaves out the rest)."""
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):  # not Linux
+        return set(range(os.cpu_count() or 1))
+
+
+class Threads(click.IntRange):
+    """A torch thread count, 0 for torch's own choice; more threads than the CPUs the process may use is taken,
+    with a note: the extra threads only wait for each other (1,000 on 2 cores made a run 17 times slower)."""
+
+    def __init__(self) -> None:
+        super().__init__(min=0)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        cpus = len(own_cpus())
+        if number > cpus:
+            click.echo(f"note: --threads {number} is more than the {cpus} CPUs this process may use; the extra threads "
+                       "only wait for each other", err=True)
+        return number
+
+
 def default_output(path: Path, option: str) -> Path:
     """``path``, a command's default output in a run folder, refused up front when that folder cannot be written
     (a run on a read-only disk can still be scored: the message says which option puts the output elsewhere)."""

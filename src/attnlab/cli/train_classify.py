@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED
-from attnlab.cli.params import FiniteFloat, PathParam
+from attnlab.cli.params import FiniteFloat, PathParam, Threads
 from attnlab.cli.train import says_how_to_continue
 from attnlab.tasks.classify_train import MODEL_KINDS, ClassifySettings, train_classifier
 from attnlab.tasks.tables import TABLE_FORMATS
@@ -81,7 +81,7 @@ def _default(name: str) -> str:
               help="Also write the resume checkpoint every N steps. [default: 0, at evaluations]")
 @click.option("--max-seconds", type=FiniteFloat(min=0), default=None, help=f"Training time budget (0: none). {_default('max_seconds')}")
 @click.option("--bf16/--no-bf16", default=None, help="bfloat16 autocast. [default: off]")
-@click.option("--threads", type=click.IntRange(min=0), default=None,
+@click.option("--threads", type=Threads(), default=None,
               help="torch threads (0: torch's default, one per core; 2 may help on an otherwise idle machine). [default: 1]")
 @click.option("--seed", type=SEED, default=None, help=f"{_default('seed')}")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED, omp_wait  # noqa: F401  (omp_wait: before torch is imported)
-from attnlab.cli.params import FiniteFloat, PathParam
+from attnlab.cli.params import FiniteFloat, PathParam, Threads
 from attnlab.cli.train import says_how_to_continue
 from attnlab.tasks.lm import PEAK_REPEATS, PEAK_SIZE, LMData
 from attnlab.tasks.lm_train import LM_PRESETS, LMReport, train_language_model
@@ -78,7 +78,7 @@ def _steps(report: LMReport) -> str:
               help="bfloat16 autocast. [nanogpt-cpu: off; shakespeare-fast: on where the CPU or GPU computes in "
                    "bfloat16 natively]")
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
-@click.option("--threads", type=click.IntRange(min=0), default=None, help="torch threads (0: one per core).")
+@click.option("--threads", type=Threads(), default=None, help="torch threads (0: one per core).")
 @click.option("--seed", type=SEED, default=None)
 @click.option("--max-seconds", type=FiniteFloat(min=0), default=None,
               help="Stop training after this many seconds in all (0: no limit); may be raised on --resume.")

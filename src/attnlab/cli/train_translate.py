@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED
-from attnlab.cli.params import FiniteFloat, PathParam
+from attnlab.cli.params import FiniteFloat, PathParam, Threads
 from attnlab.cli.train import says_how_to_continue
 from attnlab.cli.translate import report_warnings
 from attnlab.errors import AttnlabError
@@ -61,7 +61,7 @@ _SETTING_KEYS = {"layers": ("num_layers",), "heads": ("num_heads",), "warmup": (
 @click.option("--valid-sentences", type=click.IntRange(min=0), default=0, show_default=True, help="Validate on the first N pairs only (0 = all).")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--bf16/--no-bf16", default=False, help="bfloat16 autocast (fast only on CPUs and GPUs with bf16 units).")
-@click.option("--threads", type=click.IntRange(min=0), default=None, help="torch CPU threads (default or 0: torch's choice).")
+@click.option("--threads", type=Threads(), default=None, help="torch CPU threads (default or 0: torch's choice).")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its checkpoint.")
 @click.option("--no-look-ahead-mask", "leak", is_flag=True, hidden=True,
               help="Train without the decoder's look-ahead mask (the teacher-forcing experiment's broken model).")

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from attnlab.cli.params import FiniteFloat, PathParam
+from attnlab.cli.params import FiniteFloat, PathParam, Threads
 from attnlab.errors import AttnlabError
 
 
@@ -34,7 +34,7 @@ def decode_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="GNMT alpha, 0 to 5: scores are log p / ((5 + len) / 6) ** alpha."),
         click.option("--max-len-a", type=FiniteFloat(min=0), default=1.5, show_default=True, help="At most a * source length + b tokens."),
         click.option("--max-len-b", type=click.IntRange(min=0), default=10, show_default=True),
-        click.option("--threads", type=click.IntRange(min=0), default=None,
+        click.option("--threads", type=Threads(), default=None,
                      help="torch CPU threads (0 or unset: torch's choice)."),
     ]):
         fn = option(fn)
