@@ -145,7 +145,7 @@ class BPETokenizer:
     def train(cls, texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2) -> BPETokenizer:
         from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-        tok = _literal_specials(Tokenizer(models.BPE(unk_token=UNK)))
+        tok = Tokenizer(models.BPE(unk_token=UNK))
         tok.normalizer = normalizers.NFKC()
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()

@@ -330,12 +330,11 @@ def train_language_model(
     with torch_threads(settings.threads):  # restored afterwards: callers in the same process keep theirs
         # A resumed run encodes with the tokenizer it saved (and leaves that file as it is); one that starts again
         # from step 0 does too when the file is there.
-        saved_tokenizer = Path(out) / TOKENIZER_FILE
-        if resume and not saved_tokenizer.is_file():
-            raise AttnlabError(f"{saved_tokenizer} is missing: the run cannot go on without the tokenizer it was "
+        tokenizer_file = Path(out) / TOKENIZER_FILE
+        saved_tokenizer = tokenizer_file if run_config is not None and tokenizer_file.is_file() else None
+        if resume and saved_tokenizer is None:
+            raise AttnlabError(f"{tokenizer_file} is missing: the run cannot go on without the tokenizer it was "
                                "trained with")
-        if run_config is None or not saved_tokenizer.is_file():
-            saved_tokenizer = None
         # Runs saved before the selection had windows of its own chose their weights on the final figure's: a
         # resume compares its evaluations with the saved best on those same windows.
         selection = run_config.get("selection_windows", "eval") if resume else "select"
