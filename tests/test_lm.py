@@ -698,6 +698,19 @@ def test_the_language_model_commands_keep_a_wait_policy_the_user_set(given):
     assert done.stdout.strip() == given if given else done.stdout.strip() in ("ACTIVE", "PASSIVE")
 
 
+def test_the_peak_of_processes_trained_together_is_their_rates_timed_at_once_and_summed(monkeypatch):
+    import attnlab.tasks.lm as lm
+
+    calls = []
+    monkeypatch.setattr(lm, "barrier", lambda place: calls.append(("barrier", place.world)))
+    monkeypatch.setattr(lm, "all_sum", lambda value, place: calls.append(("sum", value)) or value * place.world)
+    peak = lm.measure_peak_matmul("cpu", torch.float32, Place(rank=1, world=2), repeats=2)
+    assert [c[0] for c in calls] == ["barrier", "sum"]  # started together, then added up
+    assert peak == 2 * calls[1][1] > 0
+    assert "summed over the 2 processes timing at once" in lm.peak_basis("cpu", torch.float32, 2)
+    assert "in this process" in lm.peak_basis("cpu", torch.float32, 1)
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_the_fast_preset_asks_the_training_device_for_bfloat16_and_saves_the_answer(tmp_path, monkeypatch, fast):
     import attnlab.tasks.lm_train as lm_train
@@ -712,6 +725,9 @@ def test_the_fast_preset_asks_the_training_device_for_bfloat16_and_saves_the_ans
     assert asked == [torch.device("cpu")]  # the device the engine trains on (no GPU here), not the host CPU as such
     assert json.loads((tmp_path / "run" / "config.json").read_text())["lm"]["bf16"] is fast  # resumes repeat it
     assert result.stdout.splitlines()[1].endswith("bfloat16 autocast" if fast else "float32")  # the throughput line
+    # the peak the fraction is taken of is timed in the precision the run computes in
+    peak = json.loads((tmp_path / "run" / "result.json").read_text())["peak_basis"]
+    assert f"1024x1024 {'bfloat16' if fast else 'float32'} matmuls on the CPU" in peak, peak
 
     asked.clear()  # the command line overrides the preset, and the device is not asked
     result = invoke("train", "lm", "--text", text, "--out", tmp_path / "off", "--preset", "shakespeare-fast", "--no-bf16", *tiny)

@@ -9,7 +9,7 @@ import click
 from attnlab.cli import SEED, omp_wait  # noqa: F401  (omp_wait: before torch is imported)
 from attnlab.cli.params import FiniteFloat, PathParam, Threads
 from attnlab.cli.train import says_how_to_continue
-from attnlab.tasks.lm import PEAK_REPEATS, PEAK_SIZE, LMData
+from attnlab.tasks.lm import LMData
 from attnlab.tasks.lm_train import LM_PRESETS, LMReport, train_language_model
 
 
@@ -24,8 +24,7 @@ def describe_report(report: LMReport, out: Path) -> list[str]:
         f"{report.train_seconds:.1f} s, compilation and evaluations included), "
         f"{'bfloat16 autocast' if settings['bf16'] else 'float32'}",
         f"compute: {report.flops_per_token / 1e6:.2f} MFLOP per token (6N + 12LdT) x steady rate = "
-        f"{report.model_flops / 1e9:.1f} GFLOP/s; peak = fastest of {PEAK_REPEATS} {PEAK_SIZE}x{PEAK_SIZE} float32 "
-        "matmuls, in this process after training",
+        f"{report.model_flops / 1e9:.1f} GFLOP/s; peak = {report.peak_basis or 'not measured'}",
         f"run folder: {out} (model.safetensors, config.json, tokenizer.json, metrics.jsonl, loss.png, result.json)",
         f"{report.steady_tokens_per_second:,.0f} tokens/s | {peak} | wall time {report.wall_seconds:.1f} s"
         f"{' of this resume' if report.resumed else ''} ({_steps(report)}) | final val loss {report.val_loss:.4f} nats/token ({settings['final_eval_iters']} "

@@ -36,7 +36,7 @@ from attnlab.errors import AttnlabError
 from attnlab.files import decode_utf8
 from attnlab.training import Batch
 from attnlab.training.checkpoint import RESULT
-from attnlab.training.distributed import Place
+from attnlab.training.distributed import Place, all_sum, barrier
 
 TASK_NAME = "lm"
 TOKENIZER_FILE = "tokenizer.json"
@@ -255,21 +255,54 @@ def torch_threads(count: int) -> Iterator[None]:
 
 
 PEAK_SIZE, PEAK_REPEATS = 1024, 20
+ALONE = Place()  # a plain run: rank 0 of a world of 1
+GPU_PEAK_SIZE, GPU_PEAK_PRODUCTS = 4096, 10  # a 1024 product takes microseconds on a GPU: too short to time
 
 
-def measure_peak_matmul(size: int = PEAK_SIZE, repeats: int = PEAK_REPEATS) -> float:
-    """This machine's float32 matmul rate (FLOP/s): the fastest of ``repeats`` timed ``size`` x ``size`` products.
+def _peak_products(device: torch.device) -> tuple[int, int]:
+    """The side of the square product that :func:`measure_peak_matmul` times on ``device``, and how many a timing."""
+    return (GPU_PEAK_SIZE, GPU_PEAK_PRODUCTS) if device.type == "cuda" else (PEAK_SIZE, 1)
 
-    Measured in the calling process, with its thread settings, so the fraction it is the denominator
-    of compares like with like. The fastest repeat is the peak: a slower one was disturbed, and on a
-    shared machine many short repeats (about a second in all) catch a quiet moment more surely than a
-    few long ones. 1024 is as fast per FLOP as 2048 here (measured: 38 vs 33 GFLOP/s on two cores).
+
+def measure_peak_matmul(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                        place: Place = ALONE, repeats: int = PEAK_REPEATS) -> float:
+    """The matmul rate (FLOP/s) of ``device`` in ``dtype``: the fastest of ``repeats`` timed square products.
+
+    Measured in the calling process, with its thread settings and in the precision training computes in
+    (bfloat16 for an autocast run), so the fraction it is the denominator of compares like with like. The
+    fastest repeat is the peak: a slower one was disturbed, and on a shared machine many short repeats (about
+    a second in all) catch a quiet moment more surely than a few long ones. On the CPU a repeat is one
+    1024 x 1024 product (as fast per FLOP as 2048 here: 38 vs 33 GFLOP/s on two cores); on a GPU it is ten
+    4096 x 4096 products between synchronisations, since a kernel launch returns before the product is done.
+
+    Under torchrun (``place`` of a world > 1) every process times at once and the rates are summed: the
+    processes share the machine as they did in training, one core or GPU each, so the sum is the peak of what
+    the run used (a process timed alone would have the whole CPU and overstate its share).
     """
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b  # warm-up: thread pool start and MKL's first-call set-up
+    device = torch.device(device)
+    size, products = _peak_products(device)
+    done = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
+    a @ b  # warm-up: thread pool start and the library's first-call set-up
+    done()
+    barrier(place)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        a @ b
+        for _ in range(products):
+            a @ b
+        done()
         best = min(best, time.perf_counter() - start)
-    return 2.0 * size**3 / best
+    rate = 2.0 * size**3 * products / best
+    return all_sum(rate, place)
+
+
+def peak_basis(device: torch.device | str, dtype: torch.dtype, world: int) -> str:
+    """How :func:`measure_peak_matmul` measured, in words for the report."""
+    device = torch.device(device)
+    size, products = _peak_products(device)
+    what = f"{products} " if products > 1 else ""
+    where = "the GPU" if device.type == "cuda" else "the CPU"
+    return (f"fastest of {PEAK_REPEATS} timings of {what}{size}x{size} {str(dtype).removeprefix('torch.')} "
+            f"matmuls on {where}, " + (f"summed over the {world} processes timing at once" if world > 1
+                                       else "in this process before training"))

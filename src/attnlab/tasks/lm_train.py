@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from attnlab.errors import AttnlabError
@@ -43,6 +44,7 @@ from attnlab.tasks.lm import (
     flops_per_token,
     load_lm_data,
     measure_peak_matmul,
+    peak_basis,
     torch_threads,
 )
 from attnlab.training import TrainConfig, distributed, seed_everything
@@ -167,7 +169,8 @@ class LMReport:
         flops_per_token: model training FLOPs per token (nanoGPT's count).
         steps, tokens: optimizer steps taken and training tokens seen.
         parameters: trainable parameters.
-        peak_flops: this machine's float32 matmul rate, measured after training in the same process (0 if not).
+        peak_flops: the matmul rate of what the run trained on, in its compute precision (0 if not measured).
+        peak_basis: how the peak was measured, in words ("" if it was not).
         resumed: the run continued from a checkpoint, so ``wall_seconds`` covers this invocation only, while
             ``train_seconds`` and the token counts cover the whole run.
     """
@@ -182,6 +185,7 @@ class LMReport:
     tokens: int
     parameters: int
     peak_flops: float = 0.0
+    peak_basis: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
     resumed: bool = False
     steady_basis: str = "median of the logged windows after the first"
@@ -281,7 +285,7 @@ def train_language_model(
         data: already loaded data (to train several models on one split).
         on_data: called once the data is ready (to print its size).
         requested: the settings the command line gave; on resume, those the saved ones overrule are named.
-        measure_peak: time a large float32 matmul after training (about a second, outside the wall time).
+        measure_peak: time large matmuls before training (about a second, left out of the wall time).
 
     Returns:
         the model holding the kept (best) weights, in eval mode, and the report.
@@ -352,7 +356,7 @@ def train_language_model(
                 print(f"note: {note}", file=sys.stderr)
         main = is_main_process()
         existed = Path(out).exists()  # read before any process can have made it
-        distributed.checked_by_all(config.device)
+        place = distributed.checked_by_all(config.device)
         # only now: a setting the model or the data refuse leaves no folder behind
         out = ensure_writable_dir(out) if main else Path(out)
         if main and saved_tokenizer is None:
@@ -376,14 +380,20 @@ def train_language_model(
             if main:  # --resume, and a resume that fails before changes nothing
                 write_run_config(out, run_config)
 
+        # The peak, in the precision training computes in, by every process at once (see measure_peak_matmul);
+        # before training, while the processes are joined, and left out of the wall time.
+        peak_started = time.perf_counter()
+        dtype = torch.bfloat16 if settings.bf16 else torch.float32
+        peak = measure_peak_matmul(place.device, dtype, place) if measure_peak else 0.0
+        peak_seconds = time.perf_counter() - peak_started
         result = train_or_forget(model, task, config, out, resume=resume, existed=existed,
                                  task_files=[TOKENIZER_FILE], on_resumed=record)
         load_weights(model, out / WEIGHTS)  # the kept (best) weights: what generate will use
         model.eval()
-        # Rank 0 evaluates, times the peak (alone: two processes timing at once would halve it) and reports.
+        # Rank 0 evaluates and reports.
         val_loss = evaluate_loss(model, data.val, context=settings.context, batch_size=settings.eval_batch_size,
                                  iters=settings.final_eval_iters, seed=settings.seed) if main else math.nan
-        wall = time.perf_counter() - started
+        wall = time.perf_counter() - started - peak_seconds
         steady, basis = steady_rate(out / METRICS_FILE, result.tokens_per_second)
         report = LMReport(
             val_loss=val_loss, wall_seconds=wall, train_seconds=result.elapsed,
@@ -391,7 +401,8 @@ def train_language_model(
             steady_tokens_per_second=steady, steady_basis=basis,
             flops_per_token=flops_per_token(model, settings.context), steps=result.steps,
             tokens=result.tokens, parameters=model.num_parameters(),
-            settings=asdict(settings), peak_flops=measure_peak_matmul() if measure_peak and main else 0.0,
+            settings=asdict(settings), peak_flops=peak,
+            peak_basis=peak_basis(place.device, dtype, place.world) if measure_peak else "",
             resumed=resume,
         )
         if main:
