@@ -280,6 +280,26 @@ def test_from_torch_computes_what_torchs_multihead_attention_computes(bias):
     assert not torch.equal(ours.in_proj.weight, theirs.in_proj_weight)
 
 
+def test_from_torch_copies_float64_weights_exactly():
+    torch.manual_seed(0)
+    theirs = nn.MultiheadAttention(8, 2, batch_first=True).double().eval()
+    with torch.no_grad():  # weights that float32 cannot hold (``.double()`` of float32 ones could be)
+        for p in theirs.parameters():
+            p.add_(torch.randn_like(p) * 1e-3)
+    ours = MultiHeadAttention.from_torch(theirs)
+    assert ours.in_proj.weight.dtype == torch.float64
+    assert torch.equal(ours.in_proj.weight, theirs.in_proj_weight)  # not rounded through float32 on the way
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    with torch.no_grad():
+        assert (ours(x)[0] - theirs(x, x, x, need_weights=False)[0]).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("dropout", [-0.5, 1.5, float("nan")])
+def test_attention_refuses_a_dropout_that_is_no_probability_when_built(dropout):
+    with pytest.raises(AttnlabError, match="dropout must be a probability between 0 and 1"):
+        MultiHeadAttention(8, 2, dropout=dropout)
+
+
 @pytest.mark.parametrize("kwargs", [{"kdim": 4}, {"add_bias_kv": True}, {"add_zero_attn": True}])
 def test_from_torch_refuses_variants_attnlab_has_no_counterpart_for(kwargs):
     with pytest.raises(AttnlabError, match="counterpart"):

@@ -195,6 +195,7 @@ def test_masks_model_order_and_explorer_numbers(small_run):
     assert not order["learned"]["same"] and not order["sinusoidal"]["same"]
     # seed 004's printed vectors come out of torch (4 decimals), and attnlab's layer with its weights agrees
     assert order["seed"]["matches_seed"] and order["seed"]["attnlab_largest_difference_from_torch"] < 1e-6
+    assert not any(key.startswith("printed") for key in order["seed"])  # the seed's own figures are not repeated
     assert order["none"]["summary_a"] == pytest.approx([-0.1657, -0.0738, 0.3466, -0.1725], abs=6e-5)
     assert order["learned"]["summary_b"] == pytest.approx([-0.1802, 0.0059, 0.7413, -0.4107], abs=6e-5)
     assert order["model"]["zeroed"]["same"] and not order["model"]["learned"]["same"]

@@ -31,6 +31,7 @@ def test_seed003_layers_are_counted_sub_layer_by_sub_layer():
     assert n["encoder_layer"]["rows"] == {"self_attn": attention, "attn_block.norm": norm,
                                           "ffn": ffn, "ffn_block.norm": norm}
     assert n["encoder_layer"]["total"] == attention + ffn + 2 * norm == SEED_ENCODER_TOTAL == 2_233_536
+    assert n["encoder_layer"]["equals_seed"] and "seed_total" not in n["encoder_layer"]  # measured, not quoted
     assert n["decoder_layer"]["total"] == 2 * attention + ffn + 3 * norm == 2_366_336
     # The seed prints one LayerNorm fewer: its decoder applies one normalisation to two sub-layers.
     assert n["decoder_layer"]["total"] - SEED_DECODER_TOTAL == n["decoder_layer"]["difference"] == norm

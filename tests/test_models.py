@@ -164,6 +164,18 @@ def test_wrong_mask_to_a_stack_is_an_error():
         enc(ids, attend_mask=padding_mask(ids).float())
 
 
+@torch.no_grad()
+def test_a_model_without_positions_keeps_to_its_context_as_the_others_do():
+    lm = DecoderLM(20, 16, 1, 2, max_positions=4, positions="none").eval()
+    assert lm(torch.ones(1, 4, dtype=torch.long)).shape == (1, 4, 20)
+    with pytest.raises(AttnlabError, match=r"reaches position 9 but the model's context is 4 positions"):
+        lm(torch.ones(1, 10, dtype=torch.long))
+    caches = lm.new_caches()
+    lm(torch.ones(1, 4, dtype=torch.long), caches=caches)
+    with pytest.raises(AttnlabError, match=r"reaches position 4 but the model's context is 4"):  # a cache too
+        lm(torch.ones(1, 1, dtype=torch.long), caches=caches)
+
+
 def test_ids_of_the_wrong_rank_or_type_are_named_before_torch_sees_them():
     lm = DecoderLM(20, 16, 1, 2, max_positions=8)
     with pytest.raises(AttnlabError, match=r"must be \(batch, seq\), got shape \(3,\)"):

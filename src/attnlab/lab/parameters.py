@@ -99,8 +99,8 @@ def parameters_section() -> Section:
 
     numbers = {
         "d_model": D_MODEL, "heads": HEADS, "d_ff": D_FF, "d_k": D_K,
-        "encoder_layer": {"rows": dict(enc_rows), "total": enc_total, "seed_total": SEED_ENCODER_TOTAL},
-        "decoder_layer": {"rows": dict(dec_rows), "total": dec_total, "seed_total": SEED_DECODER_TOTAL,
+        "encoder_layer": {"rows": dict(enc_rows), "total": enc_total, "equals_seed": enc_total == SEED_ENCODER_TOTAL},
+        "decoder_layer": {"rows": dict(dec_rows), "total": dec_total,
                           "difference": dec_total - SEED_DECODER_TOTAL},
         "model_total": model_total,
         "model_total_shared_norm": model_total - layers * norm,

@@ -255,6 +255,8 @@ class MultiHeadAttention(nn.Module):
     ) -> None:
         super().__init__()
         head_dim = head_width(d_model, num_heads, head_dim)
+        if not 0 <= dropout <= 1:  # (NaN too) torch would say so only at the first forward, or not at all
+            raise AttnlabError(f"dropout must be a probability between 0 and 1, got {dropout}")
         if rotary is not None and rotary.head_dim != head_dim:  # it would rotate the wrong pairs, or fail in torch
             raise AttnlabError(f"the rotary embedding is {rotary.head_dim} wide but each head is {head_dim} wide; "
                                f"build it as RotaryEmbedding({head_dim}, max_positions)")
@@ -282,12 +284,15 @@ class MultiHeadAttention(nn.Module):
             raise AttnlabError("only an nn.MultiheadAttention with kdim = vdim = embed_dim, no add_bias_kv and no "
                                "add_zero_attn has an attnlab counterpart")
         bias = module.in_proj_bias is not None
-        mha = cls(module.embed_dim, module.num_heads, dropout=module.dropout, bias=bias)
+        # Built in the module's dtype and on its device first: loading float64 weights into a float32 layer
+        # would round them.
+        mha = cls(module.embed_dim, module.num_heads, dropout=module.dropout, bias=bias).to(
+            module.in_proj_weight.device, module.in_proj_weight.dtype)
         weights = {"in_proj.weight": module.in_proj_weight, "out_proj.weight": module.out_proj.weight}
         if bias:
             weights |= {"in_proj.bias": module.in_proj_bias, "out_proj.bias": module.out_proj.bias}
         mha.load_state_dict({k: v.detach().clone() for k, v in weights.items()})
-        return mha.to(module.in_proj_weight.device, module.in_proj_weight.dtype).train(module.training)
+        return mha.train(module.training)
 
     def _project(self, x: Tensor, first: int, parts: int) -> tuple[Tensor, ...]:
         """Rows ``first`` to ``first + parts`` (in units of ``inner``) of the stacked projection applied

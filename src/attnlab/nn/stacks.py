@@ -63,7 +63,7 @@ class Embedder(nn.Module):
     Args:
         vocab_size: rows of the token embedding.
         d_model: vector width.
-        max_positions: longest sequence accepted (rows of the position table).
+        max_positions: longest sequence accepted (rows of the position table; the context without one).
         positions: ``"sinusoidal"`` (paper, seed 000), ``"learned"`` (seed 004, GPT-2), ``"rotary"``
             (added inside attention, so nothing here) or ``"none"`` (order-blind, for experiments).
         scale: multiply token vectors by ``sqrt(d_model)`` (the paper) before adding positions.
@@ -81,7 +81,7 @@ class Embedder(nn.Module):
         dropout: float = 0.1,
     ) -> None:
         super().__init__()
-        self.vocab_size, self.max_positions = vocab_size, max_positions
+        self.vocab_size, self.max_positions, self.kind = vocab_size, max_positions, positions
         self.tokens = nn.Embedding(vocab_size, d_model)
         self.positions: nn.Module | None
         if positions == "sinusoidal":
@@ -102,6 +102,10 @@ class Embedder(nn.Module):
         x = self.tokens(ids) * self.scale
         if self.positions is not None:  # rotary positions are applied (and checked) inside attention
             x = x + self.positions(ids.shape[1], offset)
+        elif self.kind == "none" and offset + ids.shape[1] > self.max_positions:  # the context holds all the same
+            raise AttnlabError(f"sequence reaches position {offset + ids.shape[1] - 1} but the model's context is "
+                               f"{self.max_positions} positions (max_positions={self.max_positions}); truncate the "
+                               "input or build the model with a longer context")
         return self.dropout(x)
 
 
