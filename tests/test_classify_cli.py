@@ -130,6 +130,19 @@ def test_predict_arguments_and_stdin(trained):
     assert gap.exit_code == 2 and gap.stdout == "" and "line 2 of 3 is empty" in gap.stderr
 
 
+def test_predict_escapes_labels_as_it_escapes_texts(tmp_path):
+    rows = [{"text": f"good fine {i}" if i % 2 else f"bad poor {i}", "label": "tab\there" if i % 2 else "new\nline"}
+            for i in range(40)]
+    (tmp_path / "weird.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    trained = run("train", "classify", "--train", tmp_path / "weird.jsonl", "--out", tmp_path / "run", "--steps", "3",
+                  "--no-wordllama", *SMALL)
+    assert trained.exit_code == 0, trained.output
+    lines = run("predict", tmp_path / "run", input="good fine\nbad poor\n").output.splitlines()
+    assert len(lines) == 2  # one line a text, four fields: the labels' tab and line break written \t and \n
+    assert all(len(line.split("\t")) == 4 and {line.split("\t")[0], line.split("\t")[2].rsplit(":", 1)[0]}
+               == {"tab\\there", "new\\nline"} for line in lines), lines
+
+
 def test_probes_order_and_padding(trained):
     root, _ = trained
     test = write_tickets(root / "probe.csv", 60, seed=2)

@@ -79,6 +79,14 @@ def test_load_tokenizer_errors(tmp_path):
     (tmp_path / "x.json").write_text("{not json")
     with pytest.raises(AttnlabError, match="not a tokenizer file"):
         load_tokenizer(tmp_path / "x.json")
+    for content, why in (('{"model": {"type": "BPE"}}', "Missing vocab/merges"), ('{"kind": "char"}', "no 'chars'"),
+                         ('{"kind": "char", "chars": 5}', "not iterable")):  # the kind known, the content broken
+        (tmp_path / "x.json").write_text(content)
+        with pytest.raises(AttnlabError, match=f"x.json is a broken tokenizer file \\(.*{why}"):
+            load_tokenizer(tmp_path / "x.json")
+    (tmp_path / "x.json").write_bytes(b'{"kind": "char", "chars": "\xff"}')
+    with pytest.raises(AttnlabError, match=r"x.json is not UTF-8 text \(line 1"):
+        load_tokenizer(tmp_path / "x.json")
 
 
 def test_pad_batch():
@@ -98,3 +106,5 @@ def test_bucketing_covers_every_example_once_and_reduces_padding():
     by_tokens = bucketed_batches(lengths, seed=0, epoch=0, max_tokens=200)
     assert all(len(b) * max(lengths[i] for i in b) <= 200 or len(b) == 1 for b in by_tokens)
     assert sorted(i for b in by_tokens for i in b) == list(range(1000))
+    largest = bucketed_batches(lengths, seed=2**63 - 1, epoch=3, batch_size=16)  # the top of every --seed range
+    assert sorted(i for b in largest for i in b) == list(range(1000)) and largest != batches

@@ -78,6 +78,14 @@ def test_a_tiny_temperature_approaches_the_arg_max_instead_of_failing(temperatur
     assert drawn == {0, 1}
 
 
+@pytest.mark.parametrize("temperature", [1e39, 1e300])
+def test_a_temperature_past_float32_samples_evenly_and_still_never_a_banned_token(temperature):
+    logits = torch.tensor([[3.0, -math.inf, 1.0, -2.0]])  # id 1 banned (padding, say)
+    g = torch.Generator().manual_seed(0)
+    drawn = [int(next_token(logits, temperature=temperature, generator=g)) for _ in range(300)]
+    assert set(drawn) == {0, 2, 3} and min(drawn.count(i) for i in (0, 2, 3)) > 60  # about 100 each
+
+
 def test_bad_sampling_settings_are_errors():
     logits = random_logits()
     for kwargs in ({"temperature": 0.0}, {"temperature": -1.0}, {"temperature": math.nan}, {"top_k": 0},

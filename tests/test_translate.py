@@ -370,6 +370,21 @@ def test_leaky_model_wins_under_teacher_forcing_and_collapses_free_running(tmp_p
     assert f"replacing the report in {tmp_path / 'report'}" in again.stderr
 
 
+def test_the_model_trained_beside_a_reused_run_of_separate_vocabularies_keeps_its_tables_apart(tmp_path):
+    rng = random.Random(0)
+    write_corpus(tmp_path / "train", 80, rng)
+    write_corpus(tmp_path / "valid", 8, rng)
+    sep = ["--separate-vocab", "--no-share-embeddings", "--max-steps", "2"]
+    assert _short_run(tmp_path / "train", tmp_path / "valid", tmp_path / "correct", *sep).exit_code == 0
+    result = CliRunner().invoke(cli, [str(a) for a in (
+        "experiment", "teacher-forcing", "--valid", tmp_path / "valid", "--correct", tmp_path / "correct", "--train",
+        tmp_path / "train", "--out", tmp_path / "report", "--max-steps", "1", "--eval-every", "1", "--no-progress",
+        "--threads", "1")])
+    assert result.exit_code == 0, result.output  # before: "shared embeddings need the joint vocabulary"
+    leaky = json.loads((tmp_path / "report" / "leaky" / "config.json").read_text())["model"]["kwargs"]
+    assert leaky["share_embeddings"] is False and "| leaky | no |" in result.stdout
+
+
 def test_overlong_source_is_truncated_with_a_warning(toy):
     words = list(LEXICON) * 4  # 32 words, 33 positions with eos: the table has 16
     result = run_cli("translate", toy["run"], " ".join(words), "--beam", "1")
@@ -389,9 +404,22 @@ def test_a_long_validation_source_is_warned_about_once_by_training_and_by_the_te
                      "--tgt", "yy", "--out", tmp_path / "run", "--max-steps", "2", "--no-look-ahead-mask", *SMALL)
     source = "warning: 1 validation source line longer than the model's 16 source positions was truncated to fit"
     assert result.stderr.count("source line") == 1 and source in result.stderr, result.stderr
+    lines = result.stderr.splitlines()  # said when the data is read, before training, not once the run has ended
+    assert lines.index(source) < next(i for i, line in enumerate(lines) if "validation pairs; model" in line)
     table = run_cli("experiment", "teacher-forcing", "--valid", tmp_path / "valid", "--correct", toy["run"],
                     "--leaky", tmp_path / "run", "--out", tmp_path / "report")
     assert table.stderr.count("source line") == 2, table.stderr  # once per run
+
+
+def test_a_hand_broken_settings_block_is_named_in_one_line(toy, tmp_path):
+    for name, settings in (("no-tgt", {"tokenizers": {"src": "tokenizer.json"}}), ("string", "oops")):
+        run = tmp_path / name
+        shutil.copytree(toy["run"], run)
+        config = json.loads((run / "config.json").read_text())
+        config["settings"] = settings if isinstance(settings, str) else {**config["settings"], **settings}
+        (run / "config.json").write_text(json.dumps(config))
+        result = CliRunner().invoke(cli, ["translate", str(run), "ka lo"])
+        assert result.exit_code == 2 and result.stderr.startswith(f"error: {run / 'config.json'} holds broken settings")
 
 
 def test_run_of_another_task_and_missing_run_are_one_line_errors(toy, tmp_path):
@@ -469,6 +497,56 @@ def test_resume_refuses_data_whose_bytes_changed_under_the_same_name(toy, tmp_pa
         assert f"{tmp_path / name} has changed since this run started" in refused.stderr
         (tmp_path / name).write_bytes(kept)
     assert {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def _short_run(train, valid, out, *extra):
+    return CliRunner().invoke(cli, [str(a) for a in ("train", "translate", "--train", train, "--valid", valid, "--src",
+                                                     "xx", "--tgt", "yy", "--out", out, "--eval-every", "2", *SMALL,
+                                                     *extra)])
+
+
+def test_resume_checks_the_data_by_content_not_by_the_name_it_was_given(tmp_path, monkeypatch):
+    rng = random.Random(0)
+    (tmp_path / "data").mkdir()
+    write_corpus(tmp_path / "data" / "train", 80, rng)
+    write_corpus(tmp_path / "data" / "valid", 8, rng)
+    monkeypatch.chdir(tmp_path)  # relative prefixes, as a user types them
+    assert _short_run("data/train", "data/valid", "run", "--max-steps", "2").exit_code == 0
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # the same files named from another folder
+    result = _short_run(tmp_path / "data" / "train", tmp_path / "data" / "valid", tmp_path / "run", "--resume",
+                        "--max-steps", "4")
+    assert result.exit_code == 0, result.output
+    for name in ("train.xx", "valid.yy"):  # copies hold the same data: accepted; other bytes are not
+        shutil.copy(tmp_path / "data" / name, tmp_path / "elsewhere" / name)
+    shutil.copy(tmp_path / "data" / "train.yy", "train.yy")
+    shutil.copy(tmp_path / "data" / "valid.xx", "valid.xx")
+    assert _short_run("train", "valid", tmp_path / "run", "--resume", "--max-steps", "6").exit_code == 0
+    Path("train.yy").write_text("".join(reversed(Path("train.yy").read_text().splitlines(keepends=True))))
+    refused = _short_run("train", "valid", tmp_path / "run", "--resume", "--max-steps", "8")
+    assert refused.exit_code == 2 and "train.yy is not the train data this run started with" in refused.stderr
+
+
+def test_resume_reads_a_file_unzipped_beside_the_gz_one_only_when_both_hold_the_same_lines(tmp_path):
+    import gzip
+
+    rng = random.Random(0)
+    write_corpus(tmp_path / "train", 80, rng)
+    write_corpus(tmp_path / "valid", 8, rng)
+    for lang in ("xx", "yy"):  # the run reads train.xx.gz and train.yy.gz
+        plain = tmp_path / f"train.{lang}"
+        (tmp_path / f"train.{lang}.gz").write_bytes(gzip.compress(plain.read_bytes()))
+        plain.rename(tmp_path / f"kept.{lang}")
+    assert _short_run(tmp_path / "train", tmp_path / "valid", tmp_path / "run", "--max-steps", "2").exit_code == 0
+    shutil.copy(tmp_path / "kept.xx", tmp_path / "train.xx")  # unzipped beside: what side_path now reads
+    shuffled = (tmp_path / "kept.yy").read_text().splitlines(keepends=True)
+    random.Random(1).shuffle(shuffled)  # other pairs under the plain name
+    (tmp_path / "train.yy").write_text("".join(shuffled))
+    refused = _short_run(tmp_path / "train", tmp_path / "valid", tmp_path / "run", "--resume", "--max-steps", "4")
+    assert refused.exit_code == 2 and "train.yy is not the train data this run started with" in refused.stderr
+    shutil.copy(tmp_path / "kept.yy", tmp_path / "train.yy")  # the same lines: the same data
+    result = _short_run(tmp_path / "train", tmp_path / "valid", tmp_path / "run", "--resume", "--max-steps", "4")
+    assert result.exit_code == 0, result.output
 
 
 def test_translations_written_to_a_gz_name_are_compressed(toy, tmp_path):

@@ -20,7 +20,7 @@ SHORT = 8
 
 def generator(check: str, seed: int) -> torch.Generator:
     """A generator for one (check, seed) pair; crc32 rather than ``hash`` because that is salted per run."""
-    return torch.Generator().manual_seed(zlib.crc32(check.encode()) * 1000 + seed)
+    return torch.Generator().manual_seed((zlib.crc32(check.encode()) * 1000 + seed) % 2**64)  # (torch takes 64 bits)
 
 
 def short_width(contract: Contract) -> int:

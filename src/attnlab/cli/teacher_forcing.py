@@ -116,6 +116,7 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
         return ctx.get_parameter_source(option) == click.core.ParameterSource.COMMANDLINE
 
     reused: dict[str, object] = {}  # the settings of a reused run, which the model trained beside it takes
+    reused_tables: dict[str, bool] = {}  # and its model's token tables (shared or not, output tied or not)
     for name, given in (("correct", correct), ("leaky", leaky)):  # checked before anything is trained
         if given is None and (out / name / "config.json").exists():
             raise AttnlabError(f"{out / name} already holds a run; measure it again with --{name} {out / name}, "
@@ -140,6 +141,9 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
                                    f"trained beside it needs the same tokens to compare losses per token, not "
                                    f"--vocab-size {vocab_size}")
             reused = {k: run_settings[k] for k in ("src", "tgt", "vocab_size", "joint_vocab") if k in run_settings}
+            # and its embedding layout: separate vocabularies cannot share one table
+            kwargs = run_config.get("model", {}).get("kwargs", {})
+            reused_tables = {k: kwargs[k] for k in ("share_embeddings", "tie_output") if k in kwargs}
             if train is not None and None in (correct, leaky):
                 _refuse_other_training_data(name, given, run_config, train, pair)
     if correct is not None and leaky is not None:  # nothing is trained: options for training would go unheard
@@ -164,7 +168,7 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
             click.echo(f"training the {name} model ({'with' if mask else 'WITHOUT'} the look-ahead mask){beside}",
                        err=True)
             train_translation(train=train, valid=valid, out=out / name, settings=settings, train_config=config,
-                              log=lambda m: click.echo(m, err=True))
+                              log=lambda m: click.echo(m, err=True), **reused_tables)
             runs[name] = out / name
         _refuse_unlike(runs)
         rows = teacher_forcing_rows(runs, valid)

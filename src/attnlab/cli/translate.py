@@ -16,14 +16,15 @@ from attnlab.errors import AttnlabError
 
 @contextlib.contextmanager
 def report_warnings() -> Iterator[None]:
-    """Show Python warnings raised inside as one ``warning: ...`` line each on stderr (no source lines)."""
-    with warnings.catch_warnings(record=True) as caught:
+    """Show Python warnings raised inside as one ``warning: ...`` line each on stderr (no source lines), when
+    they are raised: a training run's warning about its data comes before its hour of training, not after."""
+    def show(message: Warning | str, *_: object, **__: object) -> None:
+        click.echo(f"warning: {message}", err=True)
+
+    with warnings.catch_warnings():  # (restores the filters and showwarning on the way out)
         warnings.simplefilter("always")
-        try:
-            yield
-        finally:
-            for w in caught:
-                click.echo(f"warning: {w.message}", err=True)
+        warnings.showwarning = show
+        yield
 
 
 def decode_options(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from attnlab.errors import AttnlabError
-from attnlab.files import write_text_atomic
+from attnlab.files import decode_utf8, write_text_atomic
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 SPECIALS = (PAD, UNK, BOS, EOS)
@@ -232,18 +232,25 @@ def load_tokenizer(path: str | Path, vocab_size: int | None = None) -> WordToken
 def _read_tokenizer(path: Path) -> WordTokenizer | CharTokenizer | BPETokenizer:
     if not path.is_file():
         raise AttnlabError(f"no tokenizer file {path}")
-    text = path.read_text(encoding="utf-8")
+    text = decode_utf8(path.read_bytes(), path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise AttnlabError(f"{path} is not a tokenizer file: {err}") from err
     kind = data.get("kind") if isinstance(data, dict) else None
-    if kind == "word":
-        return WordTokenizer(data["itos"])
-    if kind == "char":
-        return CharTokenizer(data["chars"])
-    if isinstance(data, dict) and "model" in data:
-        from tokenizers import Tokenizer
+    try:
+        if kind == "word":
+            return WordTokenizer(data["itos"])
+        if kind == "char":
+            return CharTokenizer(data["chars"])
+        if isinstance(data, dict) and "model" in data:
+            from tokenizers import Tokenizer
 
-        return BPETokenizer(Tokenizer.from_str(text))
+            return BPETokenizer(Tokenizer.from_str(text))
+    except AttnlabError:
+        raise
+    except Exception as err:  # a key missing, a list of the wrong things, or what the tokenizers library refuses
+        # (it raises a bare Exception); the file's kind is known, its content is broken
+        missing = f"no {err}" if isinstance(err, KeyError) else str(err)
+        raise AttnlabError(f"{path} is a broken tokenizer file ({missing})") from None
     raise AttnlabError(f"{path} is not a tokenizer file attnlab knows")

@@ -80,9 +80,10 @@ def next_token(
     logits = logits.float()
     # Shift each row's largest logit to 0 before dividing: a tiny temperature then drives the others to -inf
     # (the arg-max limit, ties shared) instead of overflowing to inf or dividing 0 by a temperature that
-    # rounds to 0 in float32, both of which end in NaN probabilities.
+    # rounds to 0 in float32, both of which end in NaN probabilities. Banned tokens (-inf) are left as they are:
+    # a temperature past float32's range is inf there, and -inf / inf is NaN.
     shifted = logits - logits.amax(dim=-1, keepdim=True)
-    logits = torch.where(shifted == 0, shifted, shifted / temperature)
+    logits = torch.where((shifted == 0) | shifted.isinf(), shifted, shifted / temperature)
     if top_k is not None:
         logits = top_k_filter(logits, top_k)
     if top_p is not None and top_p < 1.0:

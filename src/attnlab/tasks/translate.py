@@ -125,7 +125,14 @@ class TranslateSettings:
     tokenizers: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TranslateSettings:
+    def from_dict(cls, data: dict[str, Any], run: str | Path) -> TranslateSettings:
+        """The settings a run folder's ``config.json`` holds under ``"settings"``; a hand-edited file that broke
+        them is named, not a KeyError deep inside."""
+        tokenizers = data.get("tokenizers") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or tokenizers and (not isinstance(tokenizers, dict)
+                                                         or not {"src", "tgt"} <= tokenizers.keys()):
+            raise AttnlabError(f"{Path(run) / 'config.json'} holds broken settings (\"settings\" must be an object "
+                               "whose \"tokenizers\", if any, names a \"src\" and a \"tgt\" file)")
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -290,25 +297,35 @@ def _silent(_line: str) -> None:
 
 
 def _data_record(settings: TranslateSettings, **given: str | Path) -> dict[str, Any]:
-    """What ``config.json`` keeps of the data: each prefix, and each of its two files with its SHA-256."""
+    """What ``config.json`` keeps of the data: each prefix, and each of its two files with its SHA-256 (paths made
+    absolute, so that a resume from another working directory finds them)."""
     files = {f"{split}.{lang}": side_path(prefix, lang) for split, prefix in given.items()
              for lang in (settings.src, settings.tgt)}
-    return {**{split: str(prefix) for split, prefix in given.items()},
-            "files": {key: {"path": str(path), "sha256": fingerprint(path)} for key, path in files.items()}}
+    return {**{split: str(Path(prefix).resolve()) for split, prefix in given.items()},
+            "files": {key: {"path": str(path.resolve()), "sha256": fingerprint(path)} for key, path in files.items()}}
 
 
 def _same_data(saved: dict[str, Any], **given: str | Path) -> None:
-    """Refuse a resume on other training or validation data than the run's, by name or by content (its batches
-    would not repeat, and its best weights were chosen on the validation data)."""
-    for split, path in given.items():
-        if split in saved and Path(saved[split]).resolve() != Path(path).resolve():
-            raise AttnlabError(f"--{split} {path} is not the {split} data this run started with ({saved[split]}); "
-                               "resume needs the same data")
-    for key, file in saved.get("files", {}).items():  # runs from before the digests have none
+    """Refuse a resume on other training or validation data than the run's (its batches would not repeat, and its
+    best weights were chosen on the validation data), checked on the files this resume reads, by content: the
+    same files under another name or path are the same data."""
+    if "files" not in saved:  # a run from before the digests: its prefixes are all there is to compare
+        for split, path in given.items():
+            if split in saved and Path(saved[split]).resolve() != Path(path).resolve():
+                raise AttnlabError(f"--{split} {path} is not the {split} data this run started with "
+                                   f"({saved[split]}); resume needs the same data")
+    for key, file in saved.get("files", {}).items():
         split, lang = key.split(".", 1)
-        # the file read then, if it is still there (a PREFIX.lang unzipped beside PREFIX.lang.gz is not a change)
-        side = Path(file["path"]) if Path(file["path"]).is_file() else side_path(given[split], lang)
-        refuse_changed(side, file["sha256"], what=f"{split} data", started_with=side)
+        now, then = side_path(given[split], lang), Path(file["path"])
+        if fingerprint(now) != file["sha256"] and then.name.endswith(".gz") and not now.name.endswith(".gz"):
+            # PREFIX.lang unzipped beside the PREFIX.lang.gz the run read (side_path prefers it): the same data
+            # when that .gz is still as it was and holds the same lines
+            zipped = now.with_name(now.name + ".gz")
+            if zipped.is_file():
+                refuse_changed(zipped, file["sha256"], what=f"{split} data", started_with=then)
+                if read_lines(zipped) == read_lines(now):
+                    continue
+        refuse_changed(now, file["sha256"], what=f"{split} data", started_with=then)
 
 
 def _resumed_config(out: Path, run_cfg: dict[str, Any], saved: TranslateSettings, requested: dict[str, Any],
@@ -377,7 +394,7 @@ def train_translation(
     refuse_non_folder(out, "--out")
     if resume:
         run_cfg = read_run_config(out, TASK)
-        saved = TranslateSettings.from_dict(run_cfg["settings"])
+        saved = TranslateSettings.from_dict(run_cfg["settings"], out)
         _same_data(run_cfg.get("data", {}), train=train, valid=valid)
         if requested is None:
             requested = ({k: v for k, v in asdict(settings).items() if k != "tokenizers"} | (model_kwargs or {})
@@ -488,7 +505,7 @@ def load_translator(run: str | Path) -> Translator:
     model, config = load_run(run, TASK)
     if not isinstance(model, Transformer):
         raise AttnlabError(f"{run} holds a {type(model).__name__}, not an encoder-decoder Transformer")
-    settings = TranslateSettings.from_dict(config.get("settings", {}))
+    settings = TranslateSettings.from_dict(config.get("settings", {}), run)
     src_tok, tgt_tok = load_tokenizers(run, settings, (model.encoder.embed.vocab_size, model.decoder.embed.vocab_size))
     return Translator(model, src_tok, tgt_tok, settings, config)
 
