@@ -13,8 +13,8 @@ Runs, one after the other in this one invocation:
 
 Each target is reported twice: against the issue's nanoGPT measurements (nanoGPT run on this machine kind on
 2026-11-29, possibly a faster CPU), and against the re-created recipe of step 0 run here (same machine, same
-run). Every attnlab figure is measured in this run, and the machine's float32 matmul peak is measured inside
-each training run; the throughput ceiling of the nanoGPT configuration's matrix products alone is printed too.
+run). Every attnlab figure is measured in this run, and the machine's matmul peak is measured inside each
+training run, in the precision it computes in (bfloat16 for an autocast run); the throughput ceiling of the nanoGPT configuration's matrix products alone is printed too.
 Generation is also timed at nanoGPT's own Shakespeare context of 256 (a model trained for one step: the speed
 of generation does not depend on the weights). The load average is printed before and after: other processes
 on the machine distort every figure.
