@@ -1,6 +1,7 @@
 """``attnlab train classify``, ``eval classify``, ``predict`` and ``probe`` end to end (in process), and bad input."""
 
 import json
+import shutil
 import statistics
 from pathlib import Path
 
@@ -292,6 +293,15 @@ def test_bad_run_folders_are_one_line_and_exit_2(trained, tmp_path):
         assert said == f"error: {edited} has changed since this run started (its bytes differ); resume needs the " \
                        f"{'validation' if edited == valid else 'training'} file it started with"
         edited.write_bytes(kept)
+    # The same bytes under another name (a copy, or the file named from another folder) are the same data.
+    shutil.copy(valid, tmp_path / "v-copy.csv")
+    same = run("train", "classify", "--train", train, "--valid", tmp_path / "v-copy.csv", "--out", checked, *SMALL,
+               "--steps", "3", "--resume")
+    assert same.exit_code == 0, same.output
+    other_valid = write_tickets(tmp_path / "v2.csv", 20, seed=4)
+    assert "is not the validation file this run started with" in one_error_line(
+        run("train", "classify", "--train", train, "--valid", other_valid, "--out", checked, *SMALL, "--steps", "4",
+            "--resume"))
 
 
 def _lm_run(tmp_path):

@@ -711,6 +711,18 @@ def test_the_peak_of_processes_trained_together_is_their_rates_timed_at_once_and
     assert "in this process" in lm.peak_basis("cpu", torch.float32, 1)
 
 
+def test_timing_the_peak_leaves_the_training_random_streams_alone_and_stops_after_its_budget(monkeypatch):
+    import attnlab.tasks.lm as lm
+
+    state = torch.get_rng_state()
+    lm.measure_peak_matmul("cpu", torch.float32, repeats=2)
+    assert torch.equal(torch.get_rng_state(), state)  # a run with dropout draws what it drew without the timing
+    products, matmul = [], torch.Tensor.__matmul__
+    monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: products.append(1) or matmul(a, b))
+    monkeypatch.setattr(lm, "PEAK_SECONDS", 0.0)  # as if each product took seconds (emulated bfloat16)
+    assert lm.measure_peak_matmul("cpu", torch.float32) > 0 and len(products) == 2  # the warm-up and one timing
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_the_fast_preset_asks_the_training_device_for_bfloat16_and_saves_the_answer(tmp_path, monkeypatch, fast):
     import attnlab.tasks.lm_train as lm_train

@@ -412,7 +412,8 @@ def test_a_long_validation_source_is_warned_about_once_by_training_and_by_the_te
 
 
 def test_a_hand_broken_settings_block_is_named_in_one_line(toy, tmp_path):
-    for name, settings in (("no-tgt", {"tokenizers": {"src": "tokenizer.json"}}), ("string", "oops")):
+    for name, settings in (("no-tgt", {"tokenizers": {"src": "tokenizer.json"}}), ("string", "oops"),
+                           ("numbers", {"tokenizers": {"src": 1, "tgt": 1}})):
         run = tmp_path / name
         shutil.copytree(toy["run"], run)
         config = json.loads((run / "config.json").read_text())
@@ -527,7 +528,7 @@ def test_resume_checks_the_data_by_content_not_by_the_name_it_was_given(tmp_path
     assert refused.exit_code == 2 and "train.yy is not the train data this run started with" in refused.stderr
 
 
-def test_resume_reads_a_file_unzipped_beside_the_gz_one_only_when_both_hold_the_same_lines(tmp_path):
+def test_resume_reads_a_file_unzipped_from_the_gz_one_only_when_it_holds_the_same_text(tmp_path):
     import gzip
 
     rng = random.Random(0)
@@ -547,6 +548,15 @@ def test_resume_reads_a_file_unzipped_beside_the_gz_one_only_when_both_hold_the_
     shutil.copy(tmp_path / "kept.yy", tmp_path / "train.yy")  # the same lines: the same data
     result = _short_run(tmp_path / "train", tmp_path / "valid", tmp_path / "run", "--resume", "--max-steps", "4")
     assert result.exit_code == 0, result.output
+    for lang in ("xx", "yy"):  # plain gunzip, the .gz gone: the text it held is what the run recorded too
+        (tmp_path / f"train.{lang}.gz").unlink()
+    result = _short_run(tmp_path / "train", tmp_path / "valid", tmp_path / "run", "--resume", "--max-steps", "6")
+    assert result.exit_code == 0, result.output
+    beside = CliRunner().invoke(cli, [str(a) for a in (  # and a model trained beside the run takes the same text
+        "experiment", "teacher-forcing", "--valid", tmp_path / "valid", "--correct", tmp_path / "run", "--train",
+        tmp_path / "train", "--out", tmp_path / "report", "--max-steps", "1", "--eval-every", "1", "--no-progress",
+        "--threads", "1")])
+    assert beside.exit_code == 0, beside.output
 
 
 def test_translations_written_to_a_gz_name_are_compressed(toy, tmp_path):

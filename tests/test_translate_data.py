@@ -124,13 +124,25 @@ def test_a_missing_validation_corpus_is_said_before_the_tokenizer_is_trained(tmp
 
 def test_a_resume_checks_the_corpus_file_it_read_even_when_an_unzipped_copy_appears_beside_it(tmp_path):
     from attnlab.files import fingerprint
+    from attnlab.tasks.parallel_data import file_record
     from attnlab.tasks.translate import _same_data
 
     zipped = tmp_path / "train.xx.gz"
     zipped.write_bytes(gzip.compress(b"ka lo\n"))
-    saved = {"train": str(tmp_path / "train"), "files": {"train.xx": {"path": str(zipped), "sha256": fingerprint(zipped)}}}
+    record = file_record(zipped)
+    saved = {"train": str(tmp_path / "train"), "files": {"train.xx": record}}
     (tmp_path / "train.xx").write_text("ka lo\n")  # gunzip -k: the prefix now finds the plain file first
     _same_data(saved, train=tmp_path / "train")
-    zipped.write_bytes(gzip.compress(b"ka mi\n"))
-    with pytest.raises(AttnlabError, match="train.xx.gz has changed since this run started"):
+    zipped.unlink()  # plain gunzip: the .gz is gone, the text it held is still checked
+    _same_data(saved, train=tmp_path / "train")
+    (tmp_path / "train.xx").write_text("ka mi\n")
+    with pytest.raises(AttnlabError, match="train.xx is not the train data this run started with"):
         _same_data(saved, train=tmp_path / "train")
+    # A run from before the text digests: the .gz beside the plain file, unchanged, with the same lines.
+    zipped.write_bytes(gzip.compress(b"ka lo\n"))
+    (tmp_path / "train.xx").write_text("ka lo\n")
+    old = {"train": str(tmp_path / "train"), "files": {"train.xx": {"path": str(zipped), "sha256": fingerprint(zipped)}}}
+    _same_data(old, train=tmp_path / "train")
+    zipped.write_bytes(gzip.compress(b"ka mi\n"))
+    with pytest.raises(AttnlabError, match="train.xx is not the train data this run started with"):
+        _same_data(old, train=tmp_path / "train")

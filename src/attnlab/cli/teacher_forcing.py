@@ -66,13 +66,12 @@ def _refuse_other_training_data(name: str, given: Path, run_config: dict, train:
     """Refuse, before anything trains, a --train other than the reused run's: the model trained beside it would
     learn other tokens (and from other text), and the two could not be compared."""
     from attnlab.errors import AttnlabError
-    from attnlab.files import fingerprint
-    from attnlab.tasks.parallel_data import side_path
+    from attnlab.tasks.parallel_data import holds_recorded_data, side_path
 
     saved = run_config.get("data", {}).get("files", {})  # (runs from before the digests have none)
     for lang in pair:
         record = saved.get(f"train.{lang}")
-        if record and fingerprint(side_path(train, lang)) != record["sha256"]:
+        if record and not holds_recorded_data(side_path(train, lang), record):
             raise AttnlabError(f"--train {train} is not the training data of --{name} {given} (its {lang} side was "
                                f"{record['path']}): the model trained beside it must learn the same tokens from the "
                                "same text")

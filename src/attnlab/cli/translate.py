@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +20,11 @@ def report_warnings() -> Iterator[None]:
     """Show Python warnings raised inside as one ``warning: ...`` line each on stderr (no source lines), when
     they are raised: a training run's warning about its data comes before its hour of training, not after."""
     def show(message: Warning | str, *_: object, **__: object) -> None:
-        click.echo(f"warning: {message}", err=True)
+        from tqdm import tqdm
+
+        # through tqdm: a bar on the terminal (translation's, training's) is cleared, the line written, the bar
+        # drawn again below it; with no bar this is a plain line on stderr
+        tqdm.write(f"warning: {message}", file=sys.stderr)
 
     with warnings.catch_warnings():  # (restores the filters and showwarning on the way out)
         warnings.simplefilter("always")

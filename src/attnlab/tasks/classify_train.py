@@ -461,7 +461,11 @@ def train_classifier(
             note(ignored)
         refuse_changed(train_path, saved["data"]["train_sha256"], what="training file",
                        started_with=saved["data"]["train"])
-        if saved["data"]["valid"] != (None if valid_path is None else str(valid_path)):
+        # A validation file is checked by content below (the same file named from another folder is the same
+        # data); one that replaces or drops the split, and any other file of a run from before the digests, by name.
+        unsigned = saved["data"].get("valid_sha256") is None
+        if (saved["data"]["valid"] is None) != (valid_path is None) or unsigned and valid_path is not None and \
+                Path(saved["data"]["valid"]).resolve() != Path(valid_path).resolve():
             validated = (f"--valid {saved['data']['valid']}" if saved["data"]["valid"] else
                          f"--valid-fraction {saved['data']['valid_fraction']} of the training file")
             raise AttnlabError(f"this run was validated on {validated}; resume it with the same validation data")

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from attnlab.data import BOS_ID, EOS_ID, PAD_ID, bucketed_batches, pad_batch
 from attnlab.errors import AttnlabError
-from attnlab.files import read_lines
+from attnlab.files import fingerprint, read_lines
 
 #: Most line numbers one message lists before it says "and N more".
 MAX_LISTED = 5
@@ -51,6 +51,31 @@ def side_path(prefix: str | Path, lang: str) -> Path:
     if zipped.is_file():
         return zipped
     raise AttnlabError(f"no file {plain} or {zipped} (a corpus prefix names PREFIX.{lang}, optionally .gz)")
+
+
+def file_record(path: Path) -> dict[str, str]:
+    """What a run keeps of one corpus file it read: the absolute path (a resume from another folder finds it) and
+    the SHA-256 of its bytes, and of a ``.gz`` file also of the text inside (what ``gunzip`` leaves)."""
+    record = {"path": str(path.resolve()), "sha256": fingerprint(path)}
+    if path.name.endswith(".gz"):
+        record["text_sha256"] = fingerprint(path, gunzipped=True)
+    return record
+
+
+def holds_recorded_data(now: Path, record: dict[str, str]) -> bool:
+    """Whether ``now``, the file a corpus prefix names today, holds what a run read from the file ``record``
+    describes (:func:`file_record`): the same bytes, or, where the run read ``PREFIX.lang.gz`` and the plain
+    ``PREFIX.lang`` is there now (and so comes first), the text that was inside the ``.gz``."""
+    digest = fingerprint(now)
+    if digest == record["sha256"]:
+        return True
+    if not record["path"].endswith(".gz") or now.name.endswith(".gz"):
+        return False
+    if "text_sha256" in record:
+        return digest == record["text_sha256"]
+    # a run from before the text digests: the .gz beside it, unchanged, holding the same lines
+    zipped = now.with_name(now.name + ".gz")
+    return zipped.is_file() and fingerprint(zipped) == record["sha256"] and read_lines(zipped) == read_lines(now)
 
 
 def _listed(numbers: Sequence[int]) -> str:

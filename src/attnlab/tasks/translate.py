@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from attnlab.data import BOS_ID, EOS_ID, PAD_ID, BPETokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
-from attnlab.files import fingerprint, refuse_changed, refuse_non_folder, write_json_atomic
+from attnlab.files import refuse_changed, refuse_non_folder, write_json_atomic
 from attnlab.nn import Transformer, padding_mask
 from attnlab.nn.attention import KVCache
 from attnlab.tasks.decoding import DecodeSettings, max_lengths, translate_ids
@@ -37,6 +37,8 @@ from attnlab.tasks.parallel_data import (
     check_nonempty,
     collate,
     encode_pairs,
+    file_record,
+    holds_recorded_data,
     pair_sources,
     read_lines,
     read_parallel,
@@ -129,8 +131,9 @@ class TranslateSettings:
         """The settings a run folder's ``config.json`` holds under ``"settings"``; a hand-edited file that broke
         them is named, not a KeyError deep inside."""
         tokenizers = data.get("tokenizers") if isinstance(data, dict) else None
-        if not isinstance(data, dict) or tokenizers and (not isinstance(tokenizers, dict)
-                                                         or not {"src", "tgt"} <= tokenizers.keys()):
+        if not isinstance(data, dict) or tokenizers and (
+                not isinstance(tokenizers, dict) or not {"src", "tgt"} <= tokenizers.keys()
+                or not all(isinstance(tokenizers[side], str) for side in ("src", "tgt"))):
             raise AttnlabError(f"{Path(run) / 'config.json'} holds broken settings (\"settings\" must be an object "
                                "whose \"tokenizers\", if any, names a \"src\" and a \"tgt\" file)")
         known = {f.name for f in fields(cls)}
@@ -297,18 +300,17 @@ def _silent(_line: str) -> None:
 
 
 def _data_record(settings: TranslateSettings, **given: str | Path) -> dict[str, Any]:
-    """What ``config.json`` keeps of the data: each prefix, and each of its two files with its SHA-256 (paths made
-    absolute, so that a resume from another working directory finds them)."""
+    """What ``config.json`` keeps of the data: each prefix, and each of its two files (:func:`file_record`)."""
     files = {f"{split}.{lang}": side_path(prefix, lang) for split, prefix in given.items()
              for lang in (settings.src, settings.tgt)}
     return {**{split: str(Path(prefix).resolve()) for split, prefix in given.items()},
-            "files": {key: {"path": str(path.resolve()), "sha256": fingerprint(path)} for key, path in files.items()}}
+            "files": {key: file_record(path) for key, path in files.items()}}
 
 
 def _same_data(saved: dict[str, Any], **given: str | Path) -> None:
     """Refuse a resume on other training or validation data than the run's (its batches would not repeat, and its
     best weights were chosen on the validation data), checked on the files this resume reads, by content: the
-    same files under another name or path are the same data."""
+    same files under another name or path are the same data (:func:`holds_recorded_data`)."""
     if "files" not in saved:  # a run from before the digests: its prefixes are all there is to compare
         for split, path in given.items():
             if split in saved and Path(saved[split]).resolve() != Path(path).resolve():
@@ -316,16 +318,9 @@ def _same_data(saved: dict[str, Any], **given: str | Path) -> None:
                                    f"({saved[split]}); resume needs the same data")
     for key, file in saved.get("files", {}).items():
         split, lang = key.split(".", 1)
-        now, then = side_path(given[split], lang), Path(file["path"])
-        if fingerprint(now) != file["sha256"] and then.name.endswith(".gz") and not now.name.endswith(".gz"):
-            # PREFIX.lang unzipped beside the PREFIX.lang.gz the run read (side_path prefers it): the same data
-            # when that .gz is still as it was and holds the same lines
-            zipped = now.with_name(now.name + ".gz")
-            if zipped.is_file():
-                refuse_changed(zipped, file["sha256"], what=f"{split} data", started_with=then)
-                if read_lines(zipped) == read_lines(now):
-                    continue
-        refuse_changed(now, file["sha256"], what=f"{split} data", started_with=then)
+        now = side_path(given[split], lang)
+        if not holds_recorded_data(now, file):
+            refuse_changed(now, file["sha256"], what=f"{split} data", started_with=file["path"])
 
 
 def _resumed_config(out: Path, run_cfg: dict[str, Any], saved: TranslateSettings, requested: dict[str, Any],
