@@ -513,6 +513,51 @@ def test_a_time_budget_can_be_raised_on_resume_and_an_ended_run_says_why_it_cann
         json.loads((run[0] / "result.json").read_text())["val_loss"], abs=1e-5)
 
 
+def test_a_resume_at_a_checkpoint_where_the_run_now_ends_evaluates_it_and_reports(tmp_path, monkeypatch):
+    from attnlab.training.engine import Trainer
+
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    tiny = [*TINY[:TINY.index("--eval-every")], "--eval-every", "0", *TINY[TINY.index("--eval-every") + 2:]]
+    step, taken = Trainer._step, []
+
+    def interrupted_after_40(self, micro):
+        if len(taken) == 40:
+            raise KeyboardInterrupt
+        taken.append(1)
+        return step(self, micro)
+
+    monkeypatch.setattr(Trainer, "_step", interrupted_after_40)  # Ctrl-C after the checkpoint of step 40
+    first = invoke("train", "lm", "--text", text, "--out", tmp_path / "run", *tiny, "--checkpoint-every", "20")
+    assert first.exit_code == 130 and not (tmp_path / "run" / "model.safetensors").exists()  # never evaluated
+    early = invoke("generate", tmp_path / "run", "--prompt", "the", "--max-new-tokens", 3)
+    assert early.exit_code == 2 and "the run has not evaluated yet" in early.stderr  # it has a checkpoint
+    monkeypatch.setattr(Trainer, "_step", step)
+    ended = invoke("train", "lm", "--text", text, "--out", tmp_path / "run", "--resume", "--steps", "40",
+                   "--no-progress")  # "end it where it is": no step left, the last step's evaluation still made
+    assert ended.exit_code == 0, ended.output
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["steps"] == 40
+    evals = [r["step"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+             if "eval" in r]
+    assert evals == [40] and (tmp_path / "run" / "model.safetensors").is_file()
+
+
+def test_a_report_of_an_earlier_stop_does_not_end_the_run_and_preset_on_resume_is_named(tmp_path, run):
+    import shutil
+
+    folder = tmp_path / "run"
+    shutil.copytree(run[0], folder)
+    report = json.loads((folder / "result.json").read_text())
+    (folder / "result.json").write_text(json.dumps({**report, "steps": 30}))  # killed in the last evaluation
+    resumed = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", folder, "--resume", "--no-progress",
+                     "--preset", "shakespeare-fast")
+    assert resumed.exit_code == 0, resumed.output  # let through to write the report of the step it reached
+    assert json.loads((folder / "result.json").read_text())["steps"] == 80
+    assert "resume: the run's saved settings are used; ignored: --preset shakespeare-fast" in resumed.stderr
+    assert "has finished its 80 steps" in invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", folder,
+                                                 "--resume", "--no-progress").stderr
+
+
 def test_the_steady_rate_leaves_out_the_first_window_of_every_start(tmp_path):
     from attnlab.tasks.lm_train import steady_rate
 

@@ -99,6 +99,12 @@ def train_lm(text: Path, out: Path, preset: str, compile_: bool | None, resume: 
                    + ("the run's saved settings" if resume else f"preset {preset}"))
 
     requested = {k: v for k, v in {"compile": compile_, **overrides}.items() if v is not None}  # given here
+    source = click.get_current_context().get_parameter_source("preset")
+    if resume and source == click.core.ParameterSource.COMMANDLINE:
+        from attnlab.training.distributed import is_main_process
+
+        if is_main_process():  # (the settings the run saved are its preset's, with its overrides)
+            click.echo(f"resume: the run's saved settings are used; ignored: --preset {preset}", err=True)
     _, report = train_language_model(text, out, settings, progress=progress, resume=resume, on_data=on_data,
                                      requested=requested)
     for line in describe_report(report, out):

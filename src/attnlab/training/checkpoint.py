@@ -122,8 +122,11 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
 def _load_into(model: nn.Module, path: Path) -> None:
     """Load ``path`` into exactly this module (no unwrapping: an ``AveragedModel`` keeps its counter)."""
     if not path.is_file():
-        hint = (" (the run stopped before its first checkpoint: train it with --resume)"
-                if path.name == WEIGHTS and (path.parent / CONFIG).is_file() else "")
+        hint = ""
+        if path.name == WEIGHTS and (path.parent / CONFIG).is_file():
+            hint = (" (the run has not evaluated yet: its kept weights are written at its first evaluation; go on "
+                    "with --resume)" if has_checkpoint(path.parent) else
+                    " (the run stopped before its first checkpoint: train it with --resume)")
         raise AttnlabError(f"no weights file {path}{hint}")
     try:
         missing, unexpected = load_model(model, str(path), strict=False)
@@ -302,6 +305,14 @@ def refuse_shorter(run_dir: str | Path, steps: int, option: str) -> int:
 RESULT = "result.json"
 
 
+def _reported_step(run_dir: Path) -> int | None:
+    """The step the run's report (``result.json``, every task's has ``steps``) describes; None without one."""
+    try:
+        return int(json.loads((run_dir / RESULT).read_text(encoding="utf-8"))["steps"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
 def refuse_ended(run_dir: str | Path, *, steps: int, max_seconds: float, steps_option: str,
                  lengthened: bool = False) -> int:
     """Refuse to resume a run that has ended, or whose checkpoint is past ``steps`` (:func:`refuse_shorter`), saying
@@ -309,8 +320,8 @@ def refuse_ended(run_dir: str | Path, *, steps: int, max_seconds: float, steps_o
     Returns the step the checkpoint has reached (0 without one).
 
     A run has ended when its checkpoint was ended by early stopping, spent its time budget (``max_seconds``, 0:
-    none) or reached its last step (``steps``), and it wrote its report. Without the report (killed before it) a
-    plain resume is let through to write it; one ``lengthened`` to more steps is still refused if early stopping
+    none) or reached its last step (``steps``), and it wrote its report of that step. Without it (killed before
+    it, the report of an earlier stop left in the folder) a plain resume is let through to write it; one ``lengthened`` to more steps is still refused if early stopping
     or the budget would keep it from taking them. The checkpoint, not the report, says how far the run got: a
     later resume may have gone further before it was interrupted, leaving the earlier report.
     """
@@ -318,8 +329,8 @@ def refuse_ended(run_dir: str | Path, *, steps: int, max_seconds: float, steps_o
     if not has_checkpoint(run_dir):
         return 0
     refuse_shorter(run_dir, steps, steps_option)
-    reported = (run_dir / RESULT).exists()
     reached, seconds, stopped_early = checkpoint_progress(run_dir)
+    reported = _reported_step(run_dir) == reached  # a report of an earlier stop does not count
     if stopped_early and (reported or lengthened):
         raise AttnlabError(f"{run_dir} was ended by early stopping at step {reached}, which is part of the run: it "
                            "takes no further step; train a new run with a larger --patience (0: none)")

@@ -384,6 +384,7 @@ class Trainer:
     def _evaluate(self) -> bool:
         """Evaluate on rank 0, keep the best weights, and decide whether to stop early."""
         stop = False
+        self.state["evaluated_step"] = self.state["step"]  # (in the checkpoint: a resume at this step needs no other)
         if self.place.is_main:
             model = self.eval_model.eval()
             with torch.no_grad(), self.autocast():
@@ -440,6 +441,13 @@ class Trainer:
             # Likewise one that early stopping ended (recorded as such: a run that reached max_steps with its patience
             # spent at the last evaluation was not stopped early, and may be given more steps).
             stopped_early = bool(self.state.get("stopped_early"))
+            if (spent or self.state["step"] >= cfg.max_steps) and not stopped_early \
+                    and self.state.get("evaluated_step") != self.state["step"]:
+                # Resumed where the run ends, at a checkpoint no evaluation was made at (written every N steps, the
+                # run then given exactly that many, or a smaller budget): the evaluation of a last step, which the
+                # loop below would have made, is made here, so that the run keeps evaluated weights and reports them.
+                self._evaluate()
+                self._checkpoint()
             while not spent and not stopped_early and self.state["step"] < cfg.max_steps:
                 micro = [next(batches) for _ in range(cfg.grad_accum)]
                 loss, tokens = self._step(micro)
