@@ -122,25 +122,34 @@ def test_a_missing_validation_corpus_is_said_before_the_tokenizer_is_trained(tmp
     assert not (tmp_path / "run").exists()
 
 
-def test_a_resume_checks_the_corpus_file_it_read_even_when_an_unzipped_copy_appears_beside_it(tmp_path):
+def test_a_resume_checks_the_lines_of_the_corpus_file_it_reads_however_they_are_packed(tmp_path):
     from attnlab.files import fingerprint
     from attnlab.tasks.parallel_data import file_record
     from attnlab.tasks.translate import _same_data
 
-    zipped = tmp_path / "train.xx.gz"
-    zipped.write_bytes(gzip.compress(b"ka lo\n"))
-    record = file_record(zipped)
-    saved = {"train": str(tmp_path / "train"), "files": {"train.xx": record}}
-    (tmp_path / "train.xx").write_text("ka lo\n")  # gunzip -k: the prefix now finds the plain file first
+    zipped, plain = tmp_path / "train.xx.gz", tmp_path / "train.xx"
+    zipped.write_bytes(gzip.compress(b"ka lo\nmi nu\n"))
+    saved = {"train": str(tmp_path / "train"), "files": {"train.xx": file_record(zipped)}}
+    plain.write_text("ka lo\nmi nu\n")  # gunzip -k: the prefix now finds the plain file first
     _same_data(saved, train=tmp_path / "train")
-    zipped.unlink()  # plain gunzip: the .gz is gone, the text it held is still checked
+    zipped.unlink()  # plain gunzip
     _same_data(saved, train=tmp_path / "train")
-    (tmp_path / "train.xx").write_text("ka mi\n")
+    plain.write_bytes(b"ka lo\r\nmi nu\r\n")  # CRLF: the same lines to the reader
+    _same_data(saved, train=tmp_path / "train")
+    plain.unlink()
+    zipped.write_bytes(gzip.compress(b"ka lo\nmi nu\n", mtime=12345))  # gzipped again: other bytes, the same lines
+    _same_data(saved, train=tmp_path / "train")
+    plain.write_text("ka lo\nmi xu\n")  # other lines beside it: refused
     with pytest.raises(AttnlabError, match="train.xx is not the train data this run started with"):
         _same_data(saved, train=tmp_path / "train")
-    # A run from before the text digests: the .gz beside the plain file, unchanged, with the same lines.
+    # A plain file recorded, only its .gz left: the same lines again.
+    plain.write_text("ka lo\nmi nu\n")
+    both = {"train": str(tmp_path / "train"), "files": {"train.xx": file_record(plain)}}
+    plain.unlink()
+    _same_data(both, train=tmp_path / "train")
+    # A run from before the line digests: the .gz beside the plain file, unchanged, with the same lines.
     zipped.write_bytes(gzip.compress(b"ka lo\n"))
-    (tmp_path / "train.xx").write_text("ka lo\n")
+    plain.write_bytes(b"ka lo\r\n")
     old = {"train": str(tmp_path / "train"), "files": {"train.xx": {"path": str(zipped), "sha256": fingerprint(zipped)}}}
     _same_data(old, train=tmp_path / "train")
     zipped.write_bytes(gzip.compress(b"ka mi\n"))

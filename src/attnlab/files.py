@@ -65,11 +65,10 @@ def read_lines(path: str | Path) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
-def fingerprint(path: str | Path, *, gunzipped: bool = False) -> str:
-    """SHA-256 of a file's bytes (``gunzipped``: of the bytes a gzip file holds): a resumed run checks that its
-    data did not change."""
+def fingerprint(path: str | Path) -> str:
+    """SHA-256 of a file's bytes: a resumed run checks that its data did not change."""
     digest = hashlib.sha256()
-    with (gzip.open if gunzipped else open)(path, "rb") as f:
+    with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()

@@ -23,6 +23,7 @@ the target is split in two, shifted by one position, so that position ``t`` pred
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -54,28 +55,29 @@ def side_path(prefix: str | Path, lang: str) -> Path:
 
 
 def file_record(path: Path) -> dict[str, str]:
-    """What a run keeps of one corpus file it read: the absolute path (a resume from another folder finds it) and
-    the SHA-256 of its bytes, and of a ``.gz`` file also of the text inside (what ``gunzip`` leaves)."""
-    record = {"path": str(path.resolve()), "sha256": fingerprint(path)}
-    if path.name.endswith(".gz"):
-        record["text_sha256"] = fingerprint(path, gunzipped=True)
-    return record
+    """What a run keeps of one corpus file it read: the absolute path (a resume from another folder finds it), the
+    SHA-256 of its bytes, and that of the lines read from it (:func:`lines_fingerprint`)."""
+    return {"path": str(path.resolve()), "sha256": fingerprint(path), "lines_sha256": lines_fingerprint(path)}
+
+
+def lines_fingerprint(path: Path) -> str:
+    """SHA-256 of the lines :func:`~attnlab.files.read_lines` reads from ``path``: the same for the file gunzipped or
+    gzipped again, or with CRLF line ends, which are all the same data to a run."""
+    return hashlib.sha256("\n".join(read_lines(path)).encode("utf-8")).hexdigest()
 
 
 def holds_recorded_data(now: Path, record: dict[str, str]) -> bool:
-    """Whether ``now``, the file a corpus prefix names today, holds what a run read from the file ``record``
-    describes (:func:`file_record`): the same bytes, or, where the run read ``PREFIX.lang.gz`` and the plain
-    ``PREFIX.lang`` is there now (and so comes first), the text that was inside the ``.gz``."""
-    digest = fingerprint(now)
-    if digest == record["sha256"]:
+    """Whether ``now``, the file a corpus prefix names today, holds the lines a run read from the file ``record``
+    describes (:func:`file_record`), whatever their packing: plain or gzipped, LF or CRLF."""
+    if fingerprint(now) == record["sha256"]:
         return True
-    if not record["path"].endswith(".gz") or now.name.endswith(".gz"):
-        return False
-    if "text_sha256" in record:
-        return digest == record["text_sha256"]
-    # a run from before the text digests: the .gz beside it, unchanged, holding the same lines
+    if "lines_sha256" in record:
+        return lines_fingerprint(now) == record["lines_sha256"]
+    # A run from before the line digests: PREFIX.lang unzipped beside the PREFIX.lang.gz it read, that .gz
+    # unchanged and holding the same lines.
     zipped = now.with_name(now.name + ".gz")
-    return zipped.is_file() and fingerprint(zipped) == record["sha256"] and read_lines(zipped) == read_lines(now)
+    return (record["path"].endswith(".gz") and not now.name.endswith(".gz") and zipped.is_file()
+            and fingerprint(zipped) == record["sha256"] and read_lines(zipped) == read_lines(now))
 
 
 def _listed(numbers: Sequence[int]) -> str:

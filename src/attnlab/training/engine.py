@@ -441,8 +441,9 @@ class Trainer:
             # Likewise one that early stopping ended (recorded as such: a run that reached max_steps with its patience
             # spent at the last evaluation was not stopped early, and may be given more steps).
             stopped_early = bool(self.state.get("stopped_early"))
-            if (spent or self.state["step"] >= cfg.max_steps) and not stopped_early \
-                    and self.state.get("evaluated_step") != self.state["step"]:
+            # (checkpoints from before "evaluated_step": an evaluation that kept the weights of this step says so)
+            evaluated = self.state.get("evaluated_step", self.state["best"].get("step"))
+            if (spent or self.state["step"] >= cfg.max_steps) and not stopped_early and evaluated != self.state["step"]:
                 # Resumed where the run ends, at a checkpoint no evaluation was made at (written every N steps, the
                 # run then given exactly that many, or a smaller budget): the evaluation of a last step, which the
                 # loop below would have made, is made here, so that the run keeps evaluated weights and reports them.
