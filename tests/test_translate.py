@@ -419,8 +419,12 @@ def test_a_hand_broken_settings_block_is_named_in_one_line(toy, tmp_path):
         config = json.loads((run / "config.json").read_text())
         config["settings"] = settings if isinstance(settings, str) else {**config["settings"], **settings}
         (run / "config.json").write_text(json.dumps(config))
-        result = CliRunner().invoke(cli, ["translate", str(run), "ka lo"])
-        assert result.exit_code == 2 and result.stderr.startswith(f"error: {run / 'config.json'} holds broken settings")
+        for args in (["translate", str(run), "ka lo"], ["experiment", "teacher-forcing", "--valid",
+                                                        str(toy["root"] / "valid"), "--correct", str(run), "--leaky",
+                                                        str(run), "--out", str(tmp_path / "report")]):
+            result = CliRunner().invoke(cli, args)
+            assert result.exit_code == 2 and result.stderr.startswith(f"error: {run / 'config.json'} holds broken "
+                                                                      "settings"), result.output
 
 
 def test_run_of_another_task_and_missing_run_are_one_line_errors(toy, tmp_path):

@@ -123,6 +123,7 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
         if given is not None:  # a run of another task, or no run, or the wrong one of the two, is named now
             run_config = read_run_config(given, "translate")
             run_settings = run_config.get("settings", {})
+            TranslateSettings.from_dict(run_settings, given)  # a hand-broken settings block is named here
             masked = run_settings.get("look_ahead_mask", True)
             if masked != (name == "correct"):
                 other = "leaky" if name == "correct" else "correct"
