@@ -142,6 +142,13 @@ def test_predict_escapes_labels_as_it_escapes_texts(tmp_path):
     assert len(lines) == 2  # one line a text, four fields: the labels' tab and line break written \t and \n
     assert all(len(line.split("\t")) == 4 and {line.split("\t")[0], line.split("\t")[2].rsplit(":", 1)[0]}
                == {"tab\\there", "new\\nline"} for line in lines), lines
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:  # and the confusion plot writes them so too
+        warnings.simplefilter("always")
+        evaluated = run("eval", "classify", tmp_path / "run", "--data", tmp_path / "weird.jsonl")
+    assert evaluated.exit_code == 0, evaluated.output
+    assert not [w for w in caught if "Glyph" in str(w.message)], [str(w.message) for w in caught]
 
 
 def test_probes_order_and_padding(trained):

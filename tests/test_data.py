@@ -80,7 +80,8 @@ def test_load_tokenizer_errors(tmp_path):
     with pytest.raises(AttnlabError, match="not a tokenizer file"):
         load_tokenizer(tmp_path / "x.json")
     for content, why in (('{"model": {"type": "BPE"}}', "Missing vocab/merges"), ('{"kind": "char"}', "no 'chars'"),
-                         ('{"kind": "char", "chars": 5}', "not iterable")):  # the kind known, the content broken
+                         ('{"kind": "char", "chars": 5}', "'chars' must be a list of strings"),
+                         ('{"kind": "word", "itos": ["<pad>", 7]}', "'itos' must be a list of strings")):
         (tmp_path / "x.json").write_text(content)
         with pytest.raises(AttnlabError, match=f"x.json is a broken tokenizer file \\(.*{why}"):
             load_tokenizer(tmp_path / "x.json")

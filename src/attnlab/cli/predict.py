@@ -12,12 +12,7 @@ from attnlab.cli.params import PathParam
 from attnlab.errors import AttnlabError
 from attnlab.files import read_lines
 from attnlab.tasks.classify import load_classifier
-
-
-def _escaped(value: str) -> str:
-    """A text or label for one tab-separated field: a tab or line break in it would add a field or a line, so they
-    are written as ``\\t``, ``\\n``, ``\\r`` (and a backslash as two)."""
-    return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+from attnlab.tasks.tables import one_line
 
 
 @click.command("predict")
@@ -56,7 +51,7 @@ def predict(run: Path, texts: tuple[str, ...], top: int, as_json: bool) -> None:
                 "truncated": len(ids) >= clf.max_len and len(clf.tokenizer.encode(text)) > clf.max_len,
             }))
         else:
-            others = " ".join(f"{_escaped(lab)}:{p:.3f}" for lab, p in zip(labels[1:], ps[1:]))
-            click.echo(f"{_escaped(labels[0])}\t{ps[0]:.3f}\t{others}\t{_escaped(text)}")
+            others = " ".join(f"{one_line(lab)}:{p:.3f}" for lab, p in zip(labels[1:], ps[1:]))
+            click.echo(f"{one_line(labels[0])}\t{ps[0]:.3f}\t{others}\t{one_line(text)}")
     if encoded.truncated and not as_json:
         click.echo(f"note: {encoded.truncated} text(s) were cut to the model's {clf.max_len} positions", err=True)

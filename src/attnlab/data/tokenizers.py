@@ -229,6 +229,14 @@ def load_tokenizer(path: str | Path, vocab_size: int | None = None) -> WordToken
     return tokenizer
 
 
+def _strings(data: dict, key: str) -> list[str]:
+    """``data[key]``, which must be a list of strings (the words or characters of a vocabulary, in id order)."""
+    value = data[key]
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise TypeError(f"{key!r} must be a list of strings")
+    return value
+
+
 def _read_tokenizer(path: Path) -> WordTokenizer | CharTokenizer | BPETokenizer:
     if not path.is_file():
         raise AttnlabError(f"no tokenizer file {path}")
@@ -240,9 +248,9 @@ def _read_tokenizer(path: Path) -> WordTokenizer | CharTokenizer | BPETokenizer:
     kind = data.get("kind") if isinstance(data, dict) else None
     try:
         if kind == "word":
-            return WordTokenizer(data["itos"])
+            return WordTokenizer(_strings(data, "itos"))
         if kind == "char":
-            return CharTokenizer(data["chars"])
+            return CharTokenizer(_strings(data, "chars"))
         if isinstance(data, dict) and "model" in data:
             from tokenizers import Tokenizer
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from attnlab.files import atomic_path
 from attnlab.tasks.classify import Classifier
-from attnlab.tasks.tables import Table
+from attnlab.tasks.tables import Table, one_line
 from attnlab.training.plots import figure_format
 
 
@@ -97,8 +97,9 @@ def draw_confusion(truth: list[str], predicted: list[str], labels: list[str], pa
     fig, ax = plt.subplots(figsize=(size + 1.5, size * len(rows) / len(labels) + 1))
     image = ax.imshow(shares, cmap="Blues", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
     font = 8 if len(labels) <= 30 else 5
-    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=font)
-    ax.set_yticks(range(len(rows)), rows, fontsize=font)
+    # (a tab or line break in a label is written \t, \n: fonts have no glyph for them)
+    ax.set_xticks(range(len(labels)), [one_line(lab) for lab in labels], rotation=90, fontsize=font)
+    ax.set_yticks(range(len(rows)), [one_line(lab) for lab in rows], fontsize=font)
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     if len(labels) <= 20:

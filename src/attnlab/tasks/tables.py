@@ -214,3 +214,9 @@ def split_off(table: Table, fraction: float, seed: int) -> tuple[Table, Table]:
     valid, train = sorted(order[:n_valid]), sorted(order[n_valid:])
     return (table.subset(train, f"{table.path} (training part)"),
             table.subset(valid, f"{table.path} (validation part)"))
+
+
+def one_line(value: str) -> str:
+    """A text or label for one field of one line (a tab-separated column, a figure's tick label): tabs and line
+    breaks written as ``\\t``, ``\\n``, ``\\r``, and a backslash as two, so that none adds a field or a line."""
+    return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
