@@ -123,6 +123,9 @@ def test_predict_arguments_and_stdin(trained):
     crlf = run("predict", root / "run", input="refund my money please\r\ncharged twice on my card\r\n")
     assert [line.split("\t")[-1] for line in crlf.output.splitlines()] == ["refund my money please",
                                                                           "charged twice on my card"]
+    bom = run("predict", root / "run", input=b"\xef\xbb\xbfrefund my money please\nrefund my money please\n")
+    first, second = bom.output.splitlines()  # a byte-order mark is not part of the first text
+    assert first == second and first.endswith("\trefund my money please")
     # A tab or a line break inside a text keeps its four fields on its one line.
     odd = run("predict", root / "run", "refund\tmy money\nplease \\o/").output.splitlines()
     assert len(odd) == 1 and odd[0].split("\t")[3:] == ["refund\\tmy money\\nplease \\\\o/"]

@@ -22,6 +22,7 @@ from attnlab.tasks.classify_features import (
     char_ngrams,
     join_tables,
     ngram_table,
+    pretrained_table,
     token_strings,
     wordllama_table,
 )
@@ -70,6 +71,19 @@ def test_csv_and_jsonl_read_the_same_rows_and_two_column_files_find_their_label(
     assert a.texts == b.texts and a.labels == b.labels and a.label_column == "team"
     c = read_table(write_tickets(tmp_path / "l.csv", 5, label_column="label"))
     assert c.label_column == "label"
+
+
+def test_texts_are_read_as_the_csv_and_json_modules_read_them(tmp_path):
+    texts = ["my card\nwas stolen", "i want a\r\nrefund", "refund\u2028please", "plain"]
+    rows = [{"text": t, "label": "x" if i % 2 else "y"} for i, t in enumerate(texts)]
+    with open(tmp_path / "t.csv", "w", newline="", encoding="utf-8") as f:  # quoted fields keep their line breaks
+        writer = csv.DictWriter(f, ["text", "label"])
+        writer.writeheader()
+        writer.writerows(rows)
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+                                      encoding="utf-8")  # U+2028 written as it is
+    for name in ("t.csv", "t.jsonl"):  # before: the line breaks were dropped, U+2028 cut a row in two
+        assert read_table(tmp_path / name).texts == texts, name
 
 
 @pytest.mark.parametrize(
@@ -189,6 +203,17 @@ def test_wordllama_vectors_carry_meaning_and_an_empty_token_gets_zeros():
     assert sim[4, 5] > max(sim[4, 2], sim[4, 3], sim[4, 0])
 
 
+def test_special_tokens_take_no_pretrained_vector(tmp_path):
+    glove = tmp_path / "glove.50d.txt"  # the English words "pad" and "unk" have vectors; <pad> and <unk> must not
+    glove.write_text("".join(f"{w} {' '.join(str(i + j) for j in range(50))}\n"
+                             for i, w in enumerate(("pad", "unk", "card"))), encoding="utf-8")
+    strings = token_strings(WordTokenizer(["<pad>", "<unk>", "card", "pad"]))
+    got = pretrained_table(strings, str(glove))
+    assert got.found == 2 and got.table[:2].eq(0).all() and got.table[2:].ne(0).any(1).all()  # "pad" the word does
+    llama = wordllama_table(strings)
+    assert llama.found == 2 and llama.table[:2].eq(0).all()
+
+
 def test_join_tables_puts_pretrained_tables_side_by_side():
     a, b = Pretrained(torch.ones(3, 2), 2, "a"), Pretrained(torch.zeros(3, 4), 3, "b")
     joined = join_tables(a, None, b)
@@ -247,6 +272,15 @@ def test_wide_head_is_tfidf_weighted_and_votes_half():
     heads = model(torch.tensor([[2, 3, 4]]), each_head=True)
     expected = 0.5 * heads[:-1].mean(0) + 0.5 * heads[-1]
     torch.testing.assert_close(model(torch.tensor([[2, 3, 4]])), expected)
+
+
+def test_the_wide_bag_is_normalised_after_repeats_add_up_as_in_scikit_learn():
+    model = _model(wide=True)
+    once, twice, four = (model.wide_logits(torch.tensor([[3] * n + [4] * n])) for n in (1, 2, 4))
+    torch.testing.assert_close(once, twice)  # count x idf, then the L2 norm: a text said twice is the same bag
+    torch.testing.assert_close(once, four)
+    lopsided = model.wide_logits(torch.tensor([[3, 3, 4]]))
+    assert not torch.allclose(lopsided, once)  # other proportions are another bag
 
 
 def test_logits_with_mask_runs_the_core_classifier_like_its_forward():

@@ -44,7 +44,8 @@ def read_lines(path: str | Path) -> list[str]:
 
     A name ending in ``.gz`` is gunzipped; ``-`` reads standard input. A final newline ends the last line
     rather than starting an empty one, and only ``\n`` (with an optional ``\r`` before it) ends a line: form
-    feeds and other Unicode separators stay inside it, where ``str.splitlines`` would split.
+    feeds and other Unicode separators stay inside it, where ``str.splitlines`` would split. A leading byte-order
+    mark (Windows editors write one) is dropped, as the table reader drops it: it is not part of the first line.
     """
     name = "standard input" if str(path) == "-" else str(path)
     try:
@@ -59,7 +60,7 @@ def read_lines(path: str | Path) -> list[str]:
         raise AttnlabError(f"{name} is not a readable gzip file ({err})") from None
     except OSError as err:
         raise AttnlabError(f"cannot read {name}: {err.strerror or err}") from None
-    lines = decode_utf8(data, name).split("\n")
+    lines = decode_utf8(data, name, bom=True).split("\n")
     if lines[-1] == "":
         lines.pop()
     return [line.removesuffix("\r") for line in lines]

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnlab.data.tokenizers import SPECIALS
 from attnlab.errors import AttnlabError
 
 NGRAM_SIZES = (3, 4, 5)
@@ -35,11 +36,14 @@ _BPE_SPACE = "\u2581"  # the Metaspace marker BPE tokens carry for "a word start
 
 
 def token_strings(tokenizer) -> list[str]:
-    """The surface string of every id: words for the word tokenizer, pieces (``▁`` -> ``<``) for BPE."""
+    """The surface string of every id: words for the word tokenizer, pieces (``▁`` -> ``<``) for BPE, and ""
+    for the special tokens, which have no surface (looked up as words, ``<pad>`` and ``<unk>`` would take the
+    pretrained vectors of the English words "pad" and "unk")."""
     if tokenizer.kind == "word":
-        return [f"<{w}>" for w in tokenizer.itos]
+        return ["" if w in SPECIALS else f"<{w}>" for w in tokenizer.itos]
     if tokenizer.kind == "bpe":
-        return [tokenizer.hf.id_to_token(i).replace(_BPE_SPACE, "<") for i in range(tokenizer.vocab_size)]
+        pieces = (tokenizer.hf.id_to_token(i) for i in range(tokenizer.vocab_size))
+        return ["" if p in SPECIALS else p.replace(_BPE_SPACE, "<") for p in pieces]
     raise AttnlabError(f"token features need a word or BPE tokenizer, not {tokenizer.kind!r}")
 
 

@@ -204,7 +204,14 @@ class TextClassifier(EncoderClassifier):
         assert self.wide is not None
         feats = self.wide_features(ids)
         weights = self.wide_idf[feats]  # padding and absent features weigh 0
-        weights = weights / weights.norm(dim=1, keepdim=True).clamp(min=1e-6)
+        # The norm of the bag, in which a feature's occurrences add up (count x idf, as scikit-learn's TF-IDF), not
+        # of the occurrences one by one (a word twice would then weigh sqrt(2) times its weight once): occurrences
+        # of one feature sorted together, summed per run of equal ids.
+        ordered, order = feats.sort(dim=1)
+        starts = torch.ones_like(ordered, dtype=torch.bool)
+        starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+        summed = torch.zeros_like(weights).scatter_add_(1, starts.cumsum(1) - 1, weights.gather(1, order))
+        weights = weights / summed.norm(dim=1, keepdim=True).clamp(min=1e-6)
         return self.wide(feats, per_sample_weights=weights.to(self.wide.weight.dtype)) + self.wide_bias
 
     def head_logits(self, ids: Tensor, *, attend_mask: Tensor | None) -> Tensor:

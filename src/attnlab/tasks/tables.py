@@ -15,6 +15,7 @@ row's number.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import random
 from dataclasses import dataclass
@@ -68,7 +69,9 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
     if path.suffix.lower() in JSON_SUFFIXES:
         rows: list[dict[str, object]] = []
         columns: dict[str, None] = {}
-        for lineno, line in enumerate(raw.splitlines(), start=1):
+        # (split on \n alone: str.splitlines would also split inside a text at U+2028 and other separators, which
+        # json.dumps leaves as they are; a \r before the \n is JSON whitespace)
+        for lineno, line in enumerate(raw.split("\n"), start=1):
             if not line.strip():
                 continue
             try:
@@ -82,7 +85,9 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
         return list(columns), rows
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
     try:
-        reader = csv.DictReader(raw.splitlines(), delimiter=delimiter)
+        # newline="": the csv module itself splits the records, so a quoted text keeps its line breaks (and
+        # U+2028) instead of being cut at them
+        reader = csv.DictReader(io.StringIO(raw, newline=""), delimiter=delimiter)
         fields = list(reader.fieldnames or [])
         rows = []
         for row in reader:
