@@ -38,12 +38,15 @@ TINY_BUGS = (
     "causal_at_eval_only",    # look-ahead mask under `if not self.training`: training reads the future
     "unmasked_batch_of_one",  # look-ahead mask built for batches only: a batch of one (generation) reads ahead
     "leak_past_short",        # one long-range leak: position 11 also reads position 12
+    "padding_mask_batches_only",    # padding mask skipped for a batch of one: one request served padded reads it
+    "look_ahead_dropped_with_padding",  # `mask = padding if the batch holds any else look-ahead`: training leaks
 )
 
 #: Bugs of :class:`TinySeq2Seq`.
 SEQ2SEQ_BUGS = (
     "cross_mask_from_target",  # cross-attention padding mask built from the target ids (seed 000, change 8)
     "cross_mask_missing",      # cross-attention attends to the source padding
+    "cross_mask_batches_only",  # no cross-attention mask for a batch of one
 )
 
 
@@ -122,7 +125,7 @@ class Embed(nn.Module):
 def key_mask(ids: Tensor, bug: str | None) -> Tensor:
     """(B, S) ids -> (B, 1, 1, S) bool, True = real key (with the padding bugs planted)."""
     keep = ids == PAD if bug == "padding_inverted" else ids != PAD
-    if bug == "no_padding_mask":
+    if bug == "no_padding_mask" or bug == "padding_mask_batches_only" and ids.shape[0] == 1:
         keep = torch.ones_like(keep)
     return keep[:, None, :, None] if bug == "mask_query_axis" else keep[:, None, None, :]
 
@@ -178,6 +181,7 @@ class Tiny(nn.Module):
         mask = key_mask(ids, self.bug)
         skip_look_ahead = (self.bug == "causal_at_eval_only" and self.training) or (
             self.bug == "unmasked_batch_of_one" and ids.shape[0] == 1)
+        skip_look_ahead |= self.bug == "look_ahead_dropped_with_padding" and bool((ids == PAD).any())
         if self.causal and not skip_look_ahead:
             mask = mask & look_ahead(ids.shape[1], self.bug)
         x = self.block(x, mask)
@@ -202,6 +206,8 @@ class TinySeq2Seq(nn.Module):
         memory = self.encoder(self.src_embed(src), src_mask)
         memory_mask = {"cross_mask_from_target": key_mask(tgt, None),
                        "cross_mask_missing": None}.get(self.bug, src_mask)  # type: ignore[arg-type]
+        if self.bug == "cross_mask_batches_only" and src.shape[0] == 1:
+            memory_mask = None
         x = self.decoder(self.tgt_embed(tgt), key_mask(tgt, None) & look_ahead(tgt.shape[1], None), memory,
                          memory_mask)
         return self.head(x)

@@ -36,6 +36,10 @@ MUTANTS = [
     ("cross_mask_from_target", "seq2seq", "padding-invariance"),  # seed 000, change 8
     ("cross_mask_missing", "seq2seq", "padding-invariance"),
     ("cross_mask_missing", "seq2seq", "padding-content"),    # through the extra source padding columns
+    ("padding_mask_batches_only", "encoder", "padding-invariance"),  # seen by the row padded alone only
+    ("padding_mask_batches_only", "encoder:mean-pooled", "padding-invariance"),
+    ("cross_mask_batches_only", "seq2seq", "padding-invariance"),
+    ("look_ahead_dropped_with_padding", "decoder", "causal"),  # seen by the right-padded cuts only
 ]
 
 #: Mutants whose bug shows as an exception on valid inputs rather than as wrong numbers.
@@ -92,3 +96,12 @@ def test_a_failure_names_the_bugs_it_most_often_means(bug, kind, check, cause):
     model, contract_kind = build(kind, bug)
     result = run_checks(model, Contract(contract_kind), seeds=3, only=[check]).results[0]
     assert result.failed and "likely causes:" in result.summary and cause in result.summary
+
+
+def test_a_single_check_asserted_names_eval_mode_noise_instead_of_blaming_a_mask():
+    from attnlab.checks import assert_causal
+
+    model = Tiny(causal=True, bug="dropout_in_eval")  # a correct look-ahead mask, random at eval
+    with pytest.raises(AssertionError, match="eval mode gave one input two different outputs") as raised:
+        assert_causal(model, kind="decoder", vocab_size=32, max_length=16, pad_id=0)
+    assert "changing tokens after position" not in str(raised.value)

@@ -274,13 +274,10 @@ def test_wide_head_is_tfidf_weighted_and_votes_half():
     torch.testing.assert_close(model(torch.tensor([[2, 3, 4]])), expected)
 
 
-def test_the_wide_bag_is_normalised_after_repeats_add_up_as_in_scikit_learn():
+def test_the_wide_bag_is_normalised_over_occurrences_so_a_text_said_twice_weighs_sqrt_2():
     model = _model(wide=True)
-    once, twice, four = (model.wide_logits(torch.tensor([[3] * n + [4] * n])) for n in (1, 2, 4))
-    torch.testing.assert_close(once, twice)  # count x idf, then the L2 norm: a text said twice is the same bag
-    torch.testing.assert_close(once, four)
-    lopsided = model.wide_logits(torch.tensor([[3, 3, 4]]))
-    assert not torch.allclose(lopsided, once)  # other proportions are another bag
+    once, twice = (model.wide_logits(torch.tensor([[3, 4] * n])) - model.wide_bias for n in (1, 2))
+    torch.testing.assert_close(twice, 2**0.5 * once)  # the documented choice (scikit-learn's norm would make them equal)
 
 
 def test_logits_with_mask_runs_the_core_classifier_like_its_forward():

@@ -10,6 +10,9 @@ Inputs per seed, each row changed at every position after its cut and compared o
 * a batch of ``T - 1`` unpadded rows of width ``T`` (2..8), row ``r`` cut after ``r``: every cut of a short
   row, the cut after position 0 included;
 * one row alone (a batch of one), cut at random: a mask built for batches only must not pass;
+* with a pad id, the short rows again in a right-padded batch (row ``r`` real up to position ``r + 1``, the
+  one changed, and padded after it): a model that uses its padding mask instead of, not with, the look-ahead
+  mask when a batch holds padding must not pass;
 * when the contract allows rows longer than 8, rows of the longest length: with the first seed every cut
   (the longest length at most :data:`ALL_CUTS_UP_TO`, else a random :data:`LONG_CUTS` of them), with the
   others the cut before the last position, the cuts around position 8 and random ones: a mask built
@@ -49,8 +52,9 @@ class _Unrepeatable(Exception):
 
 
 def _cut_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int, width: int, cuts: list[int],
-               tally: Tally, where: str = "") -> CheckResult | None:
-    """Rows of ``width``, row ``i`` changed after position ``cuts[i]``; a failure, or None.
+               tally: Tally, where: str = "", *, padded: bool = False) -> CheckResult | None:
+    """Rows of ``width``, row ``i`` changed after position ``cuts[i]``; a failure, or None. ``padded``: row ``i``
+    holds real tokens up to position ``cuts[i] + 1`` and the pad id after it.
 
     In train mode (``where`` set) a difference is first checked against the model's own noise: both inputs are
     run twice more, and if either does not repeat its output, :class:`_Unrepeatable` is raised instead.
@@ -60,6 +64,8 @@ def _cut_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int, 
     changed = ids.clone()
     for i, r in enumerate(cuts):
         changed[i, r + 1:] = other_tokens(gen, contract, ids[i, r + 1:])
+        if padded:
+            ids[i, r + 2:] = changed[i, r + 2:] = contract.pad_id
     src = random_source(gen, contract, len(cuts))
     before, after = mut.outputs(ids, src), mut.outputs(changed, src)
     for i, r in enumerate(cuts):
@@ -72,7 +78,7 @@ def _cut_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int, 
         side = "target " if src is not None else ""
         evidence = {
             "seed": seed, "cut": r, "input": ids[i], "changed_input": changed[i], "batch": len(cuts),
-            "train_mode": bool(where), "positions": [p[0] for p in diff.positions], "max_diff": diff.max_diff,
+            "train_mode": bool(where), "padded": padded, "positions": [p[0] for p in diff.positions], "max_diff": diff.max_diff,
             "bound": diff.bound,
         }
         if src is not None:
@@ -81,6 +87,7 @@ def _cut_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int, 
             f"seed {seed}{where}: changing {side}tokens after position {r} changed the output at position(s) "
             f"{shown(evidence['positions'])} by up to {diff}; input {shown(ids[i])} -> {shown(changed[i])}"
             + (" (a batch of one)" if len(cuts) == 1 else "")
+            + (" (a right-padded batch: is the look-ahead mask dropped when a padding mask is used?)" if padded else "")
         )
         return CheckResult(NAME, "fail", summary, TOLERANCE.describe(), done, evidence)
     return None
@@ -124,6 +131,9 @@ def check_causal(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
         failed = _cut_trial(mut, gen, seed, done, width, list(range(width - 1)), tally)  # every cut of a short row
         if failed is None:
             failed = _cut_trial(mut, gen, seed, done, width, [randint(gen, 0, width - 2)], tally)
+        if failed is None and contract.pad_id is not None:  # on a stream of its own: the other trials draw as before
+            failed = _cut_trial(mut, generator(NAME + " padded", seed), seed, done, width, list(range(width - 1)),
+                                tally, padded=True)
         if failed is None and longest > short_width(contract):
             failed = _cut_trial(mut, gen, seed, done, longest, _long_cuts(gen, longest, done == 1), tally)
         if failed is None:

@@ -1,7 +1,8 @@
 """Padding checks: padding must change nothing real.
 
 * **padding invariance**: each row alone (batch of one, no padding) and the same row padded inside a
-  batch of two give the same outputs on its real positions (or the same pooled output). For seq2seq
+  batch of two give the same outputs on its real positions (or the same pooled output); so does one shorter
+  row padded in a batch of its own (one request served padded). For seq2seq
   both sides are padded, so padding on the source must not change the decoder's outputs. Catches a
   missing padding mask (seed 004), one turned the wrong way, put on the query axis, paired with the
   wrong batch rows, a cross-attention mask built from the target (seed 000, change 8) and pooling that
@@ -76,17 +77,30 @@ def _alone_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int
     tgt = pad_rows(tgt_rows, tgt_width, contract.pad_id)
     src = pad_rows(src_rows, src_width, contract.pad_id) if seq2seq else None
     batch = mut.outputs(tgt, src)
+    padded_alone = False  # one shorter row also padded in a batch of its own: serving one request padded
     for i, row in enumerate(tgt_rows):
         alone = mut.outputs(row[None], src_rows[i][None] if seq2seq else None)
-        diff = mut.compare(mut.positions(alone, 0, len(row)), mut.positions(batch, i, len(row)))
-        if not tally.judge(diff) or diff.same:
-            continue
-        inputs = {"alone": row, "padded_batch": tgt}
-        if seq2seq:
-            inputs.update(source_alone=src_rows[i], padded_source_batch=src)
         source = f" (source {shown(src_rows[i])})" if seq2seq else ""
-        what = f"row {shown(row)}{source} alone vs padded in a batch of {ROWS}"
-        return _fail(INVARIANCE, seed, done, what, i, diff, inputs, ALONE_CAUSES)
+        src_row = src_rows[i] if seq2seq else None
+        trials = [(f"row {shown(row)}{source} alone vs padded in a batch of {ROWS}", batch, i,
+                   {"alone": row, "padded_batch": tgt}, {"source_alone": src_row, "padded_source_batch": src})]
+        shorter = len(row) < tgt_width or seq2seq and len(src_rows[i]) < src_width
+        if shorter and not padded_alone:
+            padded_alone = True
+            one_tgt = pad_rows([row], tgt_width, contract.pad_id)
+            one_src = pad_rows([src_row], src_width, contract.pad_id) if seq2seq else None
+            trials.append((f"row {shown(row)}{source} alone vs the same row padded alone (a batch of one)",
+                           mut.outputs(one_tgt, one_src), 0, {"alone": row, "padded_batch": one_tgt},
+                           {"source_alone": src_row, "padded_source_batch": one_src}))
+        for what, out, at, inputs, source_inputs in trials:
+            diff = mut.compare(mut.positions(alone, 0, len(row)), mut.positions(out, at, len(row)))
+            if not tally.judge(diff) or diff.same:
+                continue
+            if seq2seq:
+                inputs.update(source_inputs)
+            causes = ALONE_CAUSES + (", or a padding mask applied only to batches of more than one row"
+                                     if at == 0 and out is not batch else "")
+            return _fail(INVARIANCE, seed, done, what, i, diff, inputs, causes)
     return None
 
 
