@@ -84,6 +84,8 @@ def test_texts_are_read_as_the_csv_and_json_modules_read_them(tmp_path):
                                       encoding="utf-8")  # U+2028 written as it is
     for name in ("t.csv", "t.jsonl"):  # before: the line breaks were dropped, U+2028 cut a row in two
         assert read_table(tmp_path / name).texts == texts, name
+    (tmp_path / "cr.jsonl").write_text("\r".join(json.dumps(r) for r in rows[2:]) + "\r")  # an old Mac's line ends
+    assert read_table(tmp_path / "cr.jsonl").texts == texts[2:]
 
 
 @pytest.mark.parametrize(

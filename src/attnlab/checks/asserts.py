@@ -6,6 +6,9 @@
 Each function runs one check (or all of them) and raises ``AssertionError`` with the evidence (seed,
 input, positions, size of the difference, or the exception the model raised) when it fails. It returns
 the :class:`~attnlab.checks.result.CheckResult` otherwise, so a test can look at a ``note`` or ``skip``.
+A model that cannot be called as its ``kind`` says, or whose output the checks cannot use, is refused first
+with an :class:`~attnlab.errors.AttnlabError` naming the problem, as ``attnlab check`` refuses it (exit 2):
+that is a wrong test, not a failed check.
 Keyword arguments are those of :class:`~attnlab.checks.contract.Contract`, plus ``seeds``.
 """
 

@@ -18,6 +18,7 @@ import csv
 import io
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,9 +70,9 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
     if path.suffix.lower() in JSON_SUFFIXES:
         rows: list[dict[str, object]] = []
         columns: dict[str, None] = {}
-        # (split on \n alone: str.splitlines would also split inside a text at U+2028 and other separators, which
-        # json.dumps leaves as they are; a \r before the \n is JSON whitespace)
-        for lineno, line in enumerate(raw.split("\n"), start=1):
+        # (split at line ends alone, \n, \r\n or an old Mac's \r, which JSON strings cannot hold raw: str.splitlines
+        # would also split inside a text at U+2028 and other separators, which json.dumps leaves as they are)
+        for lineno, line in enumerate(re.split(r"\r\n|\r|\n", raw), start=1):
             if not line.strip():
                 continue
             try:
