@@ -67,6 +67,12 @@ def _fail(name: str, seed: int, done: int, what: str, row: int, diff: Difference
     return CheckResult(name, "fail", summary, TOLERANCE.describe(), done, evidence)
 
 
+def _evidence(row: Tensor, padded: Tensor, src_row: Tensor | None, padded_src: Tensor | None) -> dict:
+    """The inputs of one alone-vs-padded comparison, the source's too for seq2seq."""
+    given = {"alone": row, "padded_batch": padded}
+    return given | ({"source_alone": src_row, "padded_source_batch": padded_src} if src_row is not None else {})
+
+
 def _alone_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int, tgt_width: int, src_width: int,
                  tally: Tally) -> CheckResult | None:
     """Each of :data:`ROWS` rows alone, then padded to ``tgt_width`` in one batch; a failure, or None."""
@@ -79,28 +85,23 @@ def _alone_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int
     batch = mut.outputs(tgt, src)
     padded_alone = False  # one shorter row also padded in a batch of its own: serving one request padded
     for i, row in enumerate(tgt_rows):
-        alone = mut.outputs(row[None], src_rows[i][None] if seq2seq else None)
-        source = f" (source {shown(src_rows[i])})" if seq2seq else ""
         src_row = src_rows[i] if seq2seq else None
-        trials = [(f"row {shown(row)}{source} alone vs padded in a batch of {ROWS}", batch, i,
-                   {"alone": row, "padded_batch": tgt}, {"source_alone": src_row, "padded_source_batch": src})]
-        shorter = len(row) < tgt_width or seq2seq and len(src_rows[i]) < src_width
-        if shorter and not padded_alone:
+        alone = mut.outputs(row[None], None if src_row is None else src_row[None])
+        named = f"row {shown(row)}" + (f" (source {shown(src_row)})" if src_row is not None else "")
+        # (what, outputs, row of them, evidence, likely causes)
+        trials = [(f"{named} alone vs padded in a batch of {ROWS}", batch, i, _evidence(row, tgt, src_row, src),
+                   ALONE_CAUSES)]
+        if not padded_alone and (len(row) < tgt_width or seq2seq and len(src_row) < src_width):
             padded_alone = True
             one_tgt = pad_rows([row], tgt_width, contract.pad_id)
             one_src = pad_rows([src_row], src_width, contract.pad_id) if seq2seq else None
-            trials.append((f"row {shown(row)}{source} alone vs the same row padded alone (a batch of one)",
-                           mut.outputs(one_tgt, one_src), 0, {"alone": row, "padded_batch": one_tgt},
-                           {"source_alone": src_row, "padded_source_batch": one_src}))
-        for what, out, at, inputs, source_inputs in trials:
+            trials.append((f"{named} alone vs the same row padded alone (a batch of one)",
+                           mut.outputs(one_tgt, one_src), 0, _evidence(row, one_tgt, src_row, one_src),
+                           ALONE_CAUSES + ", or a padding mask applied only to batches of more than one row"))
+        for what, out, at, evidence, causes in trials:
             diff = mut.compare(mut.positions(alone, 0, len(row)), mut.positions(out, at, len(row)))
-            if not tally.judge(diff) or diff.same:
-                continue
-            if seq2seq:
-                inputs.update(source_inputs)
-            causes = ALONE_CAUSES + (", or a padding mask applied only to batches of more than one row"
-                                     if at == 0 and out is not batch else "")
-            return _fail(INVARIANCE, seed, done, what, i, diff, inputs, causes)
+            if tally.judge(diff) and not diff.same:
+                return _fail(INVARIANCE, seed, done, what, i, diff, evidence, causes)
     return None
 
 
