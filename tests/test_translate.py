@@ -717,3 +717,21 @@ def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_run_behind(tmp_p
     failed = CliRunner().invoke(cli, [str(a) for a in (*args, "--lr", "1e30")])
     assert failed.exit_code == 2 and "loss became nan" in failed.stderr
     assert not (tmp_path / "run").exists()  # the fixed command may use the same --out
+
+
+def test_checkpoint_every_saves_between_validations_and_a_resume_goes_on_from_there(toy, tmp_path, monkeypatch):
+    from attnlab.training import engine
+
+    saved_at = []
+    save = engine.save_checkpoint
+    monkeypatch.setattr(engine, "save_checkpoint", lambda out, model, opt, state, **kw: (
+        saved_at.append(state["step"]), save(out, model, opt, state, **kw)))
+    run = tmp_path / "often"
+    args = ("train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src", "xx",
+            "--tgt", "yy", "--out", run, "--eval-every", "1000", *SMALL)
+    run_cli(*args, "--max-steps", "6", "--checkpoint-every", "4")
+    assert saved_at == [4, 6]  # every 4 steps, and at the validation of the last step
+    assert json.loads((run / "config.json").read_text())["train"]["checkpoint_every"] == 4
+    longer = run_cli(*args, "--resume", "--max-steps", "9")  # the run's own interval goes on, said nothing of
+    assert longer.stdout.strip().splitlines()[-1].startswith("9 steps in ") and "checkpoint_every" not in longer.stderr
+    assert saved_at == [4, 6, 8, 9]

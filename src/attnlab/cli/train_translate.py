@@ -56,6 +56,8 @@ _SETTING_KEYS = {"layers": ("num_layers",), "heads": ("num_heads",), "warmup": (
 @click.option("--ema", "ema_decay", type=FiniteFloat(0, 1, max_open=True), default=0.0, show_default=True,
               help="Validate and keep a moving average of the weights with this decay per step (0: off).")
 @click.option("--eval-every", type=click.IntRange(min=0), default=_T["eval_every"], show_default=True, help="Validate every N steps (and at the end).")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Also write the resume checkpoint every N steps (0: at validations only).")
 @click.option("--select", type=click.Choice(["bleu", "loss"]), default="bleu", show_default=True,
               help="Keep the weights with the best validation BLEU (greedy) or the lowest validation loss.")
 @click.option("--valid-sentences", type=click.IntRange(min=0), default=0, show_default=True, help="Validate on the first N pairs only (0 = all).")
@@ -66,12 +68,12 @@ _SETTING_KEYS = {"layers": ("num_layers",), "heads": ("num_heads",), "warmup": (
 @click.option("--no-look-ahead-mask", "leak", is_flag=True, hidden=True,
               help="Train without the decoder's look-ahead mask (the teacher-forcing experiment's broken model).")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
-@says_how_to_continue("a checkpoint is saved at each evaluation: --eval-every N")
+@says_how_to_continue("checkpoints are saved at each validation, --eval-every N, and every --checkpoint-every N steps")
 def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint_vocab: bool, vocab_size: int,
                     share_embeddings: bool, tie_output: bool, d_model: int, layers: int, heads: int, d_ff: int,
                     dropout: float, max_positions: int, max_tokens: int, label_smoothing: float, lr: float,
                     warmup: int, schedule: str, max_steps: int, max_seconds: float, ema_decay: float, eval_every: int,
-                    select: str, valid_sentences: int, seed: int, bf16: bool, threads: int | None, resume: bool, leak: bool,
+                    checkpoint_every: int, select: str, valid_sentences: int, seed: int, bf16: bool, threads: int | None, resume: bool, leak: bool,
                     progress: bool) -> None:
     """Train a translation model from PREFIX.SRC/PREFIX.TGT line-aligned files into the run folder --out.
 
@@ -94,7 +96,8 @@ def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint
     model_kwargs = dict(d_model=d_model, num_layers=layers, num_heads=heads, d_ff=d_ff, dropout=dropout,
                         max_src_positions=max_positions, max_tgt_positions=max_positions)
     config = TrainConfig(**{**_T, "lr": lr, "warmup_steps": warmup, "schedule": schedule, "max_steps": max_steps,
-                            "max_seconds": max_seconds, "ema_decay": ema_decay, "eval_every": eval_every, "seed": seed,
+                            "max_seconds": max_seconds, "ema_decay": ema_decay, "eval_every": eval_every,
+                            "checkpoint_every": checkpoint_every, "seed": seed,
                             "bf16": bf16, "progress": progress})
     # On --resume only the options given on this command line count: the run keeps its own for the rest.
     ctx = click.get_current_context()
