@@ -53,6 +53,21 @@ def test_word_panels_label_positions_and_axes(monkeypatch):
     assert ax.get_xlabel().startswith("PC1") and ax.get_ylabel() == "PC2"
 
 
+def test_word_panel_labels_of_points_close_together_do_not_overprint(monkeypatch):
+    drawn = []
+    monkeypatch.setattr(figures, "to_png", lambda fig: drawn.append(fig) or "")
+    # a tight cluster of four (as king, woman, man in a layout of the page) and two far away to set the scale
+    points = np.array([[0.0, 0.0], [0.05, 0.02], [0.1, -0.03], [0.02, 0.08], [5.0, 5.0], [-5.0, -5.0]])
+    words = ["woman", "king", "man", "queen", "red", "football"]
+    figures.word_panels([points], [words], [["people"] * 4 + ["colours", "sports"]], ["crowded"])
+    fig = drawn[0]
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in fig.axes[0].texts]
+    overlapping = [(a, b) for i, a in enumerate(words) for j, b in enumerate(words)
+                   if i < j and boxes[i].overlaps(boxes[j])]
+    assert overlapping == []
+
+
 def test_the_model_section_shows_padded_outputs_and_the_two_attention_shapes():
     from attnlab.lab.model_checks import model_section
 

@@ -215,9 +215,8 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
     body += check(ordered, "the more weight meaning gets, the closer the layout stays to the semantic one "
                            "(1:10 > 1:1 > 10:1), as in the seed")
     if d != SEED_WIDTH:
-        body += para(f"The seed's disparities come from {SEED_WIDTH}-wide vectors. The equal-weight value is the one",
-                     "that depends most on the width: it is set by how large the word vectors are next to the",
-                     "encoding, and both sizes change with d.")
+        body += para(f"The seed's disparities come from {SEED_WIDTH}-wide vectors, another GloVe set trained on its own,",
+                     "so the two columns differ by more than the width: they are compared for their order only.")
 
     numbers = {
         "source": vectors.source,
@@ -238,7 +237,7 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
     highlights += [(f"red/wolf, sentence {s} (gap {red_wolf[f'sentence{s}']['gap']})",
                     f"semantic {red_wolf[f'sentence{s}']['semantic']:.3f}, "
                     f"with position {red_wolf[f'sentence{s}']['with_position']:.3f}") for s in (0, 1)]
-    highlights.append(("disparity from semantic layout", ", ".join(f"{k} {v:.6f}" for k, v in disparity.items())))
+    highlights.append(("disparity from semantic layout", ", ".join(f"{_shown(k)} {v:.6f}" for k, v in disparity.items())))
     if missing:
         highlights.append(("words missing from GloVe", ", ".join(missing)))
     return Section("glove", "Positional encoding meets word embeddings", numbers, body, highlights)

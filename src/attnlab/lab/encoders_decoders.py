@@ -34,13 +34,14 @@ from attnlab.nn import (
     padding_mask,
     sinusoidal_encoding,
 )
+from attnlab.presets import MODEL_PRESETS
 
 TOKENS = ["my", "parcel", "arrived", "broken", ",", "please"]  # seed 004's six-token example
 #: Seed 004's printed causal weights of one head (torch.manual_seed(0), rounded to 2 decimals).
 SEED_CAUSAL_WEIGHTS = [[1.0, 0, 0, 0, 0, 0], [0.6, 0.4, 0, 0, 0, 0], [0.38, 0.2, 0.42, 0, 0, 0],
                        [0.29, 0.23, 0.22, 0.26, 0, 0], [0.22, 0.17, 0.21, 0.18, 0.22, 0],
                        [0.12, 0.16, 0.26, 0.15, 0.15, 0.16]]
-ROUTER = dict(vocab_size=3000, num_classes=5, d_model=64, num_layers=2, num_heads=4, d_ff=128, max_positions=120)
+ROUTER = MODEL_PRESETS["tiny-router"].kwargs  # the router's shape, torch's copy built to the same numbers
 PAD = 0
 #: Ticket lengths of the synthetic batch: four use all 120 positions (no padding), as seed 004's T-64707 does.
 LENGTHS = [120, 13, 57, 120, 31, 88, 120, 5, 64, 120, 22, 101]
@@ -192,8 +193,10 @@ def _inverted(n: dict) -> str:
     return (heading("A padding mask turned the wrong way")
             + para("Seed 004's mistake: the mask written as the tokens to keep, <code>ids != PAD</code>, passed as",
                    "torch's <code>src_key_padding_mask</code>, where True means hide. Below, two untrained routers of",
-                   f"the seed's shape ({ROUTER['d_model']} wide, {ROUTER['num_layers']} layers, {ROUTER['num_heads']}",
-                   f"heads, {ROUTER['max_positions']} positions, {ROUTER['num_classes']} teams), one on torch's",
+                   f"the seed's shape ({ROUTER['d_model']} wide, {ROUTER['num_heads']} heads, {ROUTER['max_positions']}",
+                   f"positions, {ROUTER['num_classes']} teams; {ROUTER['num_layers']} layers, feed-forward width",
+                   f"{ROUTER['d_ff']} and {ROUTER['vocab_size']:,} token ids are attnlab's choice, which the seed does",
+                   "not give), one on torch's",
                    f"<code>nn.TransformerEncoder</code> and one on attnlab's core, read {len(LENGTHS)} synthetic",
                    f"tickets, {full} of them {ROUTER['max_positions']} tokens long and so without any padding.",
                    "The mask holds one value per token of each ticket: for a batch of 2 tickets of",
@@ -204,7 +207,7 @@ def _inverted(n: dict) -> str:
                    f"torch nn.TransformerEncoder, mask ids != PAD: tickets with nan scores: {nan_torch}\n"
                    f"attnlab, the same mistake (~padding_mask(ids)): tickets with nan scores: {nan_ours}; "
                    f"scores moved by up to {moved:.3f}\n"
-                   f"attnlab, a {LENGTHS[SHORT]}-token ticket alone vs padded to 120: right mask {right_gap:.1e}, "
+                   f"attnlab, a {LENGTHS[SHORT]}-token ticket alone vs padded to {ROUTER['max_positions']}: right mask {right_gap:.1e}, "
                    f"inverted mask {wrong_gap:.3f}, no mask {unmasked_gap:.3f}")
             + check(only_full, f"in torch the {full} tickets without padding, and only they, get nan: every key "
                                        "is hidden, softmax divides 0 by 0 (the seed's symptom, 23 of its tickets)")

@@ -86,20 +86,50 @@ def property_curves(norms: dict[str, np.ndarray], gaps: dict[str, np.ndarray], k
     return to_png(fig)
 
 
+#: Where a word's label may go, tried in this order: (offset of its lower corner from its point, in points; the side
+#: it extends to). The four corners first, then a row further up or down, for clusters of more than four.
+LABEL_SPOTS = [((4, 2), "left"), ((4, -13), "left"), ((-4, 2), "right"), ((-4, -13), "right"),
+               ((4, 16), "left"), ((4, -27), "left"), ((-4, 16), "right"), ((-4, -27), "right")]
+
+
+def _overlap(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+    """Area shared by two boxes (x0, y0, x1, y1)."""
+    return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+
+
 def _word_panel(ax: Axes, points: np.ndarray, words: Sequence[str], groups: Sequence[str], title: str) -> None:
     ax.scatter(points[:, 0], points[:, 1], color=[GROUP_COLOURS[g] for g in groups], zorder=3)
-    span = np.ptp(points, axis=0) + 1e-12
-    for i, ((x, y), word, group) in enumerate(zip(points, words, groups)):
-        # A point right next to an earlier one gets its label below instead, so the two words do not overprint.
-        crowded = np.any(np.all(np.abs(points[:i] - points[i]) < span * (0.12, 0.06), axis=1))
+    ax.margins(0.15)
+    ax.autoscale_view()
+    # Each label goes to the first spot around its point where it covers no label placed before it and no point;
+    # failing that, to the spot that covers the least label area, then the least point area: words that land close
+    # together in a layout must stay readable. Boxes are estimated in pixels from the label's length; the figure's
+    # final layout moves them little.
+    pixel = ax.figure.dpi / 72  # pixels per point
+    at = ax.transData.transform(points)  # (n, 2) pixels
+    dots = [(x - 5 * pixel, y - 5 * pixel, x + 5 * pixel, y + 5 * pixel) for x, y in at]
+    placed: list[tuple[float, ...]] = []
+    for i, ((x, y), word, group) in enumerate(zip(at, words, groups)):
         # The word's position in its sentence rides along, so an arrangement by position can be checked.
-        ax.annotate(f"{word}@{i}", (x, y), fontsize=11, fontweight="bold", xytext=(4, -13) if crowded else (4, 4),
-                    textcoords="offset points", color=GROUP_COLOURS[group])
+        label = f"{word}@{i}"
+        width, height = len(label) * 9 * pixel, 11 * pixel  # bold 11 pt: at most about 9 pt a character
+        choices = []
+        for (dx, dy), side in LABEL_SPOTS:
+            left = x + dx * pixel - (width if side == "right" else 0.0)
+            box = (left, y + dy * pixel, left + width, y + dy * pixel + height)
+            covered = (sum(_overlap(box, other) for other in placed),
+                       sum(_overlap(box, other) for other in dots[:i] + dots[i + 1:]))
+            choices.append((covered, (dx, dy), side, box))
+            if covered == (0, 0):
+                break
+        _, offset, side, box = min(choices, key=lambda c: c[0])
+        placed.append(box)
+        ax.annotate(label, points[i], fontsize=11, fontweight="bold", xytext=offset, textcoords="offset points",
+                    ha=side, va="bottom", color=GROUP_COLOURS[group])
     ax.grid(linestyle="--", alpha=0.4)
     ax.set_xlabel("PC1 (this panel's own PCA)")
     ax.set_ylabel("PC2")
     ax.set_title(title, fontsize=11, color="dimgray")
-    ax.margins(0.15)
 
 
 def word_panels(layouts: Sequence[np.ndarray], words: Sequence[Sequence[str]], groups: Sequence[Sequence[str]],

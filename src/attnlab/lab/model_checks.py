@@ -107,6 +107,13 @@ def _stack_and_decoder_layer_demo() -> tuple[dict, str]:
     body += check(len(weights) == 4 and above == 0.0 and on_pad == 0.0,
                   "two weight tensors per layer, as the seed counts; after the stack the self-attention is still "
                   "triangular and the cross-attention leaves the source padding at exactly 0")
+    top_self, top_cross = weights["decoder_layer2_block1_self_att"][0, 0], weights["decoder_layer2_block2_decenc_att"][0, 0]
+    body += para("Seed 000 prints layer 2, head 0 of both from its Keras weights (self-attention rows [1, 0, 0],",
+                 "[0.506, 0.494, 0], [0.382, 0.349, 0.269]); those values are not reproduced here. attnlab's own",
+                 "weights give other numbers, with the same zeros:")
+    body += matrix(top_self.numpy(), 3, caption="layer 2, head 0, self-attention (rows: target positions)")
+    body += matrix(top_cross.numpy(), 3, caption="layer 2, head 0, cross-attention (columns: source positions, the "
+                                                 "last one padding)")
     numbers = {"encoder": {"layers": len(encoder.layers), "vocab_size": encoder.embed.vocab_size,
                            "heads": encoder.layers[0].self_attn.num_heads},
                "layer_cross_on_padded_source": float((cross_w * (ids == 0)[:, None, None, :]).sum()),
@@ -114,7 +121,8 @@ def _stack_and_decoder_layer_demo() -> tuple[dict, str]:
                "decoder_self_attention_shape": list(self_w.shape),
                "decoder_cross_attention_shape": list(cross_w.shape), "block1_head0": block1.tolist(),
                "decoder_stack": {"output_shape": list(decoded.shape), "weight_tensors": sorted(weights),
-                                 "above_diagonal": above, "on_padded_source": on_pad}}
+                                 "above_diagonal": above, "on_padded_source": on_pad,
+                                 "layer2_head0_self": top_self.tolist(), "layer2_head0_cross": top_cross.tolist()}}
     return numbers, body
 
 

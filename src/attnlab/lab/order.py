@@ -6,7 +6,7 @@ and the mean of the outputs is each sentence's summary; after ``torch.manual_see
 ``nn.Embedding(7, 4)`` is added. torch gives the seed's printed vectors, and attnlab's attention holding the
 same weights gives the same numbers. Without positions the two summaries are equal (attention permutes its
 outputs exactly as its inputs were permuted); with the learned table, or the sinusoidal encoding (seed 000),
-they differ. Last, the same test on a whole untrained ``tiny-router`` (seed 004's exercise 4): with its
+they differ. Last, the same test on a whole untrained ``tiny-router`` (seed 004's guided practice, step 4): with its
 position table set to zero a ticket and its shuffled tokens get the same scores.
 """
 
@@ -17,7 +17,7 @@ from torch import nn
 
 from attnlab.lab.html import Section, check, code, para, table
 from attnlab.nn import LearnedPositions, MultiHeadAttention, sinusoidal_encoding
-from attnlab.presets import build_preset
+from attnlab.presets import MODEL_PRESETS, build_preset
 
 WORDS = ["damaged", "on", "arrival", ",", "not", "after", "use"]
 ORDER_A = [0, 1, 2, 3, 4, 5, 6]  # damaged on arrival , not after use
@@ -71,6 +71,7 @@ def order_section() -> Section:
             if key == "none":
                 use_a, use_b = out_a[6], out_b[2]  # "use" sits at position 6 in a and 2 in b
                 results[key]["use_equal"] = bool(torch.allclose(use_a, use_b, atol=ATOL))
+                results[key]["use_a"], results[key]["use_b"] = use_a.tolist(), use_b.tolist()
                 use_text = f"'use' in a, position 6: {_vec(use_a)}\n'use' in b, position 2: {_vec(use_b)}"
     (none_a, none_b), (learned_a, learned_b) = ([o.mean(0) for o in torch_out[k]] for k in ("none", "learned"))
     use = torch_out["none"][0][6]
@@ -114,7 +115,7 @@ def order_section() -> Section:
 
 
 def _whole_model(results: dict) -> str:
-    """Seed 004's exercise 4 on the untrained ``tiny-router``: scores of a ticket and its shuffle, table zeroed or not."""
+    """Step 4 of seed 004's guided practice on the untrained ``tiny-router``: scores of a ticket and its shuffle, table zeroed or not."""
     torch.manual_seed(0)
     router = build_preset("tiny-router").eval()
     gen = torch.Generator().manual_seed(7)
@@ -133,8 +134,10 @@ def _whole_model(results: dict) -> str:
                           "same": bool(torch.allclose(in_order, mixed, atol=1e-5))}
             lines.append(f"{label}:\n  in order: {_vec(in_order)}\n  shuffled: {_vec(mixed)}")
     results["model"] = model
-    return (para("The whole model, as seed 004's exercise 4 asks: an untrained <code>tiny-router</code> (2 encoder",
-                 f"layers, mean pooling) reads a ticket of {TICKET_LENGTH} random tokens and the same tokens shuffled.",
+    layers = MODEL_PRESETS["tiny-router"].kwargs["num_layers"]  # attnlab's choice: seed 004 does not say
+    return (para("The whole model, as step 4 of seed 004's guided practice asks: an untrained",
+                 f"<code>tiny-router</code> ({layers} encoder layers, mean pooling) reads a ticket of {TICKET_LENGTH}",
+                 "random tokens and the same tokens shuffled.",
                  "Its five scores:")
             + code("\n".join(lines))
             + check(model["zeroed"]["same"] and not model["learned"]["same"],

@@ -106,5 +106,6 @@ def parameters_section() -> Section:
         "model_total_shared_norm": model_total - layers * norm,
     }
     highlights = [("seed 003 layers: encoder / decoder parameters",
-                   f"{enc_total:,} / {dec_total:,} (seed {SEED_DECODER_TOTAL:,}: one norm shared)")]
+                   f"{enc_total:,} / {dec_total:,} (the seed's {SEED_DECODER_TOTAL:,} shares one norm: "
+                   f"{dec_total - SEED_DECODER_TOTAL:,} fewer)")]
     return Section("parameters", "Parameter summaries", numbers, body, highlights)

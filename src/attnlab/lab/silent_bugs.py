@@ -274,12 +274,12 @@ def _questions(n: dict, model: Transformer) -> str:
          f"Sine and cosine of 0 alternate: {np.round(pe0[:8].numpy(), 1).tolist()}..., norm {float(pe0.norm()):.4f} ="
          f" sqrt(d/2) for d = {d}. It is not zero, so the first token is shifted like every other one."),
         ("Why add a large negative number to hidden scores instead of multiplying them by the mask?",
-         f"A zero score still counts e^0 = 1: block 7 gave the hidden key {n['multiply']['multiplied'][2]:.4f}. "
+         f"A zero score still counts e^0 = 1: silent bug 7 above gave the hidden key {n['multiply']['multiplied'][2]:.4f}. "
          f"Multiplied after the softmax, the weights left sum to {n['multiply']['after_softmax_sum']:.4f}, not 1, so "
          "the context vector shrinks by an amount that depends on how much is padding. Added before the softmax, "
          "-1e9 underflows to 0 and the real keys share the whole weight."),
         ("Why is the cross-attention padding mask built from the source?",
-         "Its keys and values come from the source. Built from the target, block 2's mask hid a real source token"
+         "Its keys and values come from the source. Built from the target, silent bug 2's mask hid a real source token"
          f" (weight {n['cross_mask']['cross_weight_on_source_token_3']['source']:.4f} -> 0) and moved the logits by "
          f"{n['cross_mask']['logit_max_difference']:.4f}."),
         ("A Keras 3 port passes the look-ahead mask by position; training loss falls. What happened?",
@@ -312,7 +312,8 @@ def bugs_section() -> Section:
     body += _training_flag(n, model) + _head_width(n) + _multiply(n) + _questions(n, model)
     paper = n["head_width"][f"d {D_MODEL}, {HEADS} heads"]
     highlights = [
-        ("(3,5) scores + (3,1,5) mask", f"{tuple(n['broadcast']['shape'])}, diagonal rows correct"),
+        ("(3,5) scores + (3,1,5) mask", f"{tuple(n['broadcast']['shape'])}, diagonal rows "
+                                         + ("correct" if n["broadcast"]["diagonal_rows_correct"] else "wrong too")),
         ("hidden key weight, multiplied / added", f"{n['multiply']['multiplied'][2]:.4f} / {n['multiply']['added'][2]}"),
         ("attention parameters at d 512, 8 heads: Keras key_dim=d / paper",
          f"{paper['key_dim_embedding_dim']:,} / {paper['per_head']:,}"),
