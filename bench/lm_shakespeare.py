@@ -120,6 +120,17 @@ NANOGPT_CPU_ARGS = ("--device=cpu", "--compile=False", "--eval_iters=20", "--log
                     "--lr_decay_iters=2000", "--dropout=0.0")
 
 
+def refuse_checkout(checkout: Path, text: Path) -> None:
+    """Exit with one line unless ``checkout`` is a nanoGPT checkout whose Shakespeare text, if it has one, is ``text``."""
+    data = checkout / "data" / "shakespeare_char"
+    if not (checkout / "train.py").is_file() or not (data / "prepare.py").is_file():
+        raise SystemExit(f"--nanogpt-checkout: {checkout} is not a nanoGPT checkout (no train.py or "
+                         "data/shakespeare_char/prepare.py)")
+    given = data / "input.txt"
+    if given.exists() and given.read_bytes() != text.read_bytes():
+        raise SystemExit(f"--nanogpt-checkout: {given} is not the text {text}; remove it to use this one")
+
+
 def nanogpt_itself(checkout: Path, text: Path, out: Path, env: dict[str, str]) -> dict:
     """Run nanoGPT's own data preparation and CPU training in ``checkout``; its figures as the re-creation's keys.
 
@@ -127,15 +138,10 @@ def nanogpt_itself(checkout: Path, text: Path, out: Path, env: dict[str, str]) -
     the first, leaving out the iterations whose time holds an evaluation (nanoGPT times each iteration from the
     end of the one before, so the evaluation at every 250th is inside that iteration's time).
     """
-    data = checkout / "data" / "shakespeare_char"
-    if not (checkout / "train.py").is_file() or not (data / "prepare.py").is_file():
-        raise SystemExit(f"--nanogpt-checkout: {checkout} is not a nanoGPT checkout (no train.py or "
-                         "data/shakespeare_char/prepare.py)")
-    given = data / "input.txt"  # prepare.py downloads it when missing; this machine may not reach the internet
-    if not given.exists():
+    refuse_checkout(checkout, text)
+    given = checkout / "data" / "shakespeare_char" / "input.txt"
+    if not given.exists():  # prepare.py downloads it when missing; this machine may not reach the internet
         shutil.copyfile(text, given)
-    elif given.read_bytes() != text.read_bytes():
-        raise SystemExit(f"--nanogpt-checkout: {given} is not the text {text}; remove it to use this one")
     for command in (["data/shakespeare_char/prepare.py"],
                     ["train.py", "config/train_shakespeare_char.py", *NANOGPT_CPU_ARGS, f"--out_dir={out}"]):
         print(f"$ (cd {checkout} && python {' '.join(command)})", flush=True)
@@ -181,6 +187,8 @@ def main() -> None:
     args = parser.parse_args()
     if not args.text.is_file():
         raise SystemExit(f"no text file {args.text} (tinyshakespeare's input.txt)")
+    if args.nanogpt_checkout is not None:  # before minutes of other runs, and before any folder is made
+        refuse_checkout(args.nanogpt_checkout.resolve(), args.text.resolve())
     out = args.out or Path(tempfile.mkdtemp(prefix="lm_shakespeare_"))
     env = dict(os.environ)
     # Every process here, the reference included, waits for work the same way. attnlab's LM commands spin on an

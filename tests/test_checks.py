@@ -968,3 +968,55 @@ def test_the_fixed_length_torch_encoder_differs_on_the_fast_path_only_in_its_pad
     real = (ids != 0).nonzero(as_tuple=True)
     torch.testing.assert_close(inference[real], training[real])
     assert (inference[:, 4:] - training[:, 4:]).abs().amax(-1).min() > 0.1  # every padded position moved
+
+
+class CheckpointedDecoder(nn.Module):
+    """The bug: gradient checkpointing, taken whenever autograd records (every training step), calls the block
+    without its look-ahead mask; inference, under no_grad, passes it."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.tok, self.pos = nn.Embedding(32, 16), nn.Embedding(16, 16)
+        self.qkv, self.head = nn.Linear(16, 48), nn.Linear(16, 32)
+
+    def block(self, x, hide=None):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = q @ k.transpose(1, 2)
+        if hide is not None:
+            scores = scores.masked_fill(hide, float("-inf"))
+        return x + scores.softmax(-1) @ v
+
+    def forward(self, ids):
+        from torch.utils.checkpoint import checkpoint
+
+        n = ids.shape[1]
+        hide = torch.ones(n, n, dtype=torch.bool).triu(1)
+        x = self.tok(ids) + self.pos(torch.arange(n))
+        x = checkpoint(self.block, x, use_reentrant=False) if torch.is_grad_enabled() else self.block(x, hide)
+        return self.head(x)
+
+
+def test_a_look_ahead_mask_dropped_only_while_autograd_records_fails_causal():
+    result = run_checks(CheckpointedDecoder(), Contract("decoder", pad_id=None), seeds=1, only=["causal"])
+    assert result.result("causal").status == "fail" and result.result("causal").evidence["train_mode"]
+
+
+class NormedEncoder(nn.Module):
+    """A correct encoder with batch norm over its features: train-mode calls move its running statistics."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.tok, self.norm = nn.Embedding(32, 8), nn.BatchNorm1d(8)
+
+    def forward(self, ids):
+        return self.norm(self.tok(ids).transpose(1, 2)).transpose(1, 2)
+
+
+def test_the_checks_leave_a_models_buffers_as_they_found_them():
+    model = NormedEncoder().eval()
+    before = {name: b.clone() for name, b in model.named_buffers()}
+    run_checks(model, Contract("encoder", pad_id=None), seeds=1)
+    assert all(torch.equal(before[name], b) for name, b in model.named_buffers())
+    assert not model.training

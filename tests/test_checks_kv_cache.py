@@ -239,3 +239,63 @@ def test_a_cached_path_that_gives_nan_where_the_full_pass_is_finite_fails():
     torch.manual_seed(0)
     result = kv_cache(NaNWhenCached(32, 16, 2, 2, max_positions=16), pad_id=None)
     assert result.failed and "not finite on the cached path but finite on the full forward pass" in result.summary
+
+
+class ShortWindowCacheLM(nn.Module):
+    """The bug: the cache keeps the newest 64 keys and values of a model with 128 positions (a window sized for
+    another context), so cached decoding forgets the start of a text past position 64; the full pass does not."""
+
+    window, width, context = 64, 16, 128
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.tok, self.pos = nn.Embedding(32, self.width), nn.Embedding(self.context, self.width)
+        self.qkv, self.head = nn.Linear(self.width, 3 * self.width), nn.Linear(self.width, 32)
+
+    def new_caches(self):
+        return {"seen": 0}
+
+    def forward(self, ids, *, caches=None):
+        past = 0 if caches is None else caches["seen"]
+        x = self.tok(ids) + self.pos(past + torch.arange(ids.shape[1]))
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        if caches is not None:
+            if "k" in caches:
+                k, v = torch.cat((caches["k"], k), 1), torch.cat((caches["v"], v), 1)
+            caches["k"], caches["v"], caches["seen"] = k[:, -self.window:], v[:, -self.window:], past + ids.shape[1]
+        queries = past + torch.arange(ids.shape[1])
+        keys = past + ids.shape[1] - k.shape[1] + torch.arange(k.shape[1])
+        scores = (q @ k.transpose(1, 2)).masked_fill(keys[None] > queries[:, None], float("-inf"))
+        return self.head(scores.softmax(-1) @ v)
+
+
+def test_the_first_seed_decodes_one_token_at_a_time_over_the_whole_length_the_contract_gives():
+    result = kv_cache(ShortWindowCacheLM().eval(), seeds=1, pad_id=None, max_length=128)
+    assert result.status == "fail" and min(result.evidence["positions"]) >= 64
+    short = kv_cache(ShortWindowCacheLM().eval(), seeds=1, pad_id=None, max_length=64)  # within the window: right
+    assert short.status == "pass" and "one token at a time over 64 positions" in short.summary
+
+
+def test_a_hugging_face_decoder_whose_generation_inputs_restart_positions_fails_through_generate():
+    transformers = pytest.importorskip("transformers")
+
+    class PositionsFromZero(transformers.LlamaForCausalLM):
+        """The bug in the generation hook: position ids counted from 0 over the tokens fed this step (with a
+        cache, the one new token), as a model with its own prepare_inputs_for_generation may set them."""
+
+        def prepare_inputs_for_generation(self, input_ids, **kwargs):
+            inputs = super().prepare_inputs_for_generation(input_ids, **kwargs)
+            fed = inputs["input_ids"]
+            inputs["position_ids"] = torch.arange(fed.shape[1])[None].expand(fed.shape[0], -1)
+            return inputs
+
+    config = transformers.LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                                      initializer_range=0.5)
+    torch.manual_seed(0)
+    result = kv_cache(PositionsFromZero(config).eval(), seeds=1, pad_id=None)
+    assert result.failed and "greedy generate with the cache differs" in result.summary
+    torch.manual_seed(0)
+    right = kv_cache(transformers.LlamaForCausalLM(config).eval(), seeds=1, pad_id=None)
+    assert right.status == "pass" and "greedy generate too" in right.summary

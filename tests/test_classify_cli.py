@@ -235,6 +235,13 @@ def test_bad_training_input_is_one_line_and_exit_2(tmp_path):
     short = tmp_path / "short.csv"
     short.write_text("text,label\nhello there,a\nonly text\n", encoding="utf-8")
     assert "short.csv:3: 1 field where the header has 2" in one_error_line(run(*train, "--train", short))
+    unclosed = tmp_path / "unclosed.csv"  # the quote of line 3 takes in every line after it
+    unclosed.write_text('text,label\nhi,a\n"what is up,b\nsup,a\nho,b\n', encoding="utf-8")
+    assert ("unclosed.csv:3: a quote opened on this line is never closed, so the text runs on to the end of the file "
+            "(line 5)") in one_error_line(run(*train, "--train", unclosed))
+    multiline = tmp_path / "multiline.csv"  # a closed quote over two lines, then a row without its label
+    multiline.write_text('text,label\n"two\nlines",a\nonly text\nyo,b\n', encoding="utf-8")
+    assert "multiline.csv:4: 1 field where the header has 2" in one_error_line(run(*train, "--train", multiline))
     three = tmp_path / "three.csv"
     three.write_text("text,a,b\nx,1,2\n", encoding="utf-8")
     assert "['text', 'a', 'b']" in one_error_line(run(*train, "--train", three))

@@ -237,3 +237,13 @@ def test_additive_masks_need_a_floating_dtype_and_the_decoder_mask_ids_of_rank_t
             to_additive_mask(causal_mask(3), dtype=dtype)
     with pytest.raises(AttnlabError, match=r"token ids must be \(batch, seq\), got shape \(5,\)"):
         decoder_self_mask(torch.ones(5, dtype=torch.long))
+
+
+def test_from_hf_attention_mask_names_itself_and_a_converter_that_fits_a_mask_of_another_convention():
+    additive = torch.tensor([[0.0, 0.0, float("-inf")]])  # (batch, keys), 0 / -inf: torch's key_padding_mask form
+    with pytest.raises(AttnlabError, match=r"^from_hf_attention_mask takes a 0/1 mask.*convert it with "
+                                           r"from_key_padding_mask$"):
+        from_hf_attention_mask(additive)
+    assert from_key_padding_mask(additive)[0, 0, 0].tolist() == [True, True, False]  # the one advised fits
+    with pytest.raises(AttnlabError, match=r"^from_hf_attention_mask takes a mask of 0s and 1s"):
+        from_hf_attention_mask(torch.tensor([[1, 2]]))

@@ -1,7 +1,9 @@
 """Calling a model as a black box: one adaptation of what it returns, no gradients, its mode.
 
-Models are called under ``torch.no_grad()`` with PyTorch's inference fast path switched off
-(``torch.backends.mha``), so they compute what training computes: without gradients (or with every
+Models are called under ``torch.no_grad()`` in eval mode, and with gradients on in train mode, as training calls
+them (a model that takes another branch when autograd records, gradient checkpointing that drops the mask say,
+is then checked on the branch training takes; nothing is ever backpropagated). PyTorch's inference fast path
+(``torch.backends.mha``) is switched off, so they compute what training computes: without gradients (or with every
 parameter frozen) ``nn.TransformerEncoderLayer`` and ``nn.MultiheadAttention`` otherwise take a fused path
 that reads masks differently (a float 0/1 mask as a bool one, padding as nested tensors), and a mask bug
 that leaks the future in training vanishes there. The ``inference-path`` check compares the two paths.
@@ -72,7 +74,8 @@ class ModelUnderTest:
     """A model and its contract, called the same way by every check.
 
     ``mut(ids)`` (encoder, decoder) or ``mut(src, tgt)`` (seq2seq) returns the output tensor, computed
-    under ``torch.no_grad()`` with the fast path off (``fast_path``; see the module docstring) on the model's
+    under ``torch.no_grad()`` in eval mode (gradients on in train mode) with the fast path off (``fast_path``; see
+    the module docstring) on the model's
     device, with its batch axis checked, on the CPU. An
     exception of the model comes out as :class:`ModelRaised`, an unusable output as :class:`OutputError`.
     :attr:`last_input` holds the ids of the latest call so that either can be reported with its input.
@@ -132,9 +135,11 @@ class ModelUnderTest:
 
     def invoke(self, call: Callable[[], Any], *, rows: int) -> Tensor:
         """The output tensor of ``call()``, a call of the model (or of one of its methods), made as every check
-        makes it: under ``no_grad``, on the path training takes (or the fast path, see :meth:`with_fast_path`),
-        its exceptions as :class:`ModelRaised`, its output checked to have ``rows`` rows and moved to the CPU."""
-        with torch.no_grad(), _fast_path(self.fast_path), self._random_streams():
+        makes it: under ``no_grad`` (gradients on when the model is in train mode, as in training), on the path
+        training takes (or the fast path, see :meth:`with_fast_path`), its exceptions as :class:`ModelRaised`, its
+        output checked to have ``rows`` rows and moved to the CPU."""
+        training = isinstance(self.model, nn.Module) and self.model.training
+        with torch.set_grad_enabled(training), _fast_path(self.fast_path), self._random_streams():
             try:
                 raw = call()
             except KeyboardInterrupt:

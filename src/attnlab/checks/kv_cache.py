@@ -21,12 +21,15 @@ memory, memory_attend_mask=..., caches=...)``), and Hugging Face's ``cache`` (``
 5): a decoder's, the model itself or inside :class:`~attnlab.checks.adapters.HFAdapter`, and an encoder-decoder's inside
 :class:`~attnlab.checks.adapters.HFSeq2SeqAdapter` (one passed bare is refused before any check runs). An
 encoder-decoder is decoded as ``generate`` decodes it: the source encoded once by ``model.get_encoder()``, then every
-step given those ``encoder_outputs``, the source's ``attention_mask`` (for the cross-attention) and the cache. Any
-other model skips, with the reason.
+step given those ``encoder_outputs``, the source's ``attention_mask`` (for the cross-attention) and the cache. A
+Hugging Face decoder that can ``generate`` is also generated from greedily, with and without the cache: ``generate``
+prepares each step's inputs with the model's own ``prepare_inputs_for_generation``, a path the calls above do not
+take (a model's own may restart the position ids at 0). Any other model skips, with the reason.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,8 +44,8 @@ from attnlab.checks.inputs import generator, padded_rows, randint, random_tokens
 from attnlab.checks.result import CheckResult, shown
 
 NAME = "kv-cache"
-#: The first seed decodes rows of the longest length up to this many positions, one call per token.
-LONGEST = 64
+#: The first seed decodes rows of the longest length (``--max-length``), one call per token, up to this many positions.
+LONGEST = 1024
 #: After the prefix, the other seeds feed chunks of 1 to this many tokens.
 CHUNK = 3
 
@@ -126,6 +129,48 @@ def _hugging_face_decoder(model: Any) -> Start | None:
             return out
         return step
     return start
+
+
+def _generating_decoder(model: Any) -> Any | None:
+    """The Hugging Face decoder inside ``model`` (bare or in :class:`HFAdapter`) when it can ``generate``, else None."""
+    inner = model.model if isinstance(model, HFAdapter) else model
+    can = getattr(inner, "can_generate", None)
+    return inner if callable(getattr(inner, "generate", None)) and callable(can) and can() else None
+
+
+def _generated(mut: ModelUnderTest, inner: Any, prompt: Tensor, new: int, cache: bool) -> tuple[Tensor, Tensor]:
+    """Greedy ``generate`` of ``new`` tokens after ``prompt`` (batch, n), with or without the cache: the model's
+    logits at each new step (batch, new, vocab) and the tokens chosen (batch, new)."""
+    chosen: list[Tensor] = []
+
+    def call() -> Tensor:
+        with warnings.catch_warnings():  # (its notes on generation settings are not the check's findings)
+            warnings.simplefilter("ignore")
+            out = inner.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
+                                 min_new_tokens=new, do_sample=False, use_cache=cache, output_logits=True,
+                                 return_dict_in_generate=True, pad_token_id=0)
+        chosen.append(out.sequences[:, prompt.shape[1]:])
+        return torch.stack(out.logits, dim=1)
+    return mut.invoke(call, rows=prompt.shape[0]), chosen[0].cpu()
+
+
+def _generate_differs(mut: ModelUnderTest, inner: Any, ids: Tensor, prompt: int, tally: Tally) -> dict | None:
+    """Run ``generate`` with and without the cache from the first ``prompt`` ids of each row, as a user generates:
+    through the model's own ``prepare_inputs_for_generation``, which the cached forward calls above do not take.
+    The first step whose logits differ while both runs had chosen the same tokens so far, as evidence; else None."""
+    new = ids.shape[1] - prompt
+    start = ids[:, :prompt].to(mut.device)
+    cached, cached_tokens = _generated(mut, inner, start, new, cache=True)
+    full, full_tokens = _generated(mut, inner, start, new, cache=False)
+    for row in range(ids.shape[0]):
+        agree = (cached_tokens[row] == full_tokens[row]).long().cumprod(0)  # 1 while the tokens chosen agree
+        steps = int(agree.sum()) + 1  # those steps, and the step where the choices part (a near tie may do that)
+        diff = mut.compare(full[row, :steps], cached[row, :steps], TOLERANCE.for_kernels(full.dtype))
+        if tally.judge(diff) and not diff.same:
+            return {"row": row, "steps": [p[0] for p in diff.positions], "max_diff": diff.max_diff,
+                    "prompt": ids[row, :prompt], "cached_tokens": cached_tokens[row], "tokens": full_tokens[row],
+                    "diff": diff}
+    return None
 
 
 def _hugging_face_seq2seq(model: Any) -> Start | None:
@@ -260,4 +305,22 @@ def check_kv_cache(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
                        f"for the new tokens alone, or a full pass that reads later tokens, which causal would "
                        f"fail); input {shown(ids[row])}")
             return CheckResult(NAME, "fail", summary, tol, done, evidence)
-    return tally.verdict(NAME, tol, len(seeds), f"cached decoding equals the full forward pass ({words})")
+    inner = _generating_decoder(mut.model) if words.startswith("Hugging Face") and contract.kind == "decoder" else None
+    also = ""
+    if inner is not None:
+        gen = generator(NAME + " generate", seeds[0])
+        ids = random_tokens(gen, contract, 2, longest)
+        prompt = randint(gen, 1, longest - 1)
+        found = _generate_differs(mut, inner, ids, prompt, tally)
+        if found is not None:
+            diff = found.pop("diff")
+            return CheckResult(NAME, "fail", (
+                f"greedy generate with the cache differs from generate without it at new step(s) "
+                f"{shown(found['steps'])} of row {found['row']} by up to {diff}, while both had chosen the same "
+                f"tokens so far (the cached path generate takes goes through the model's "
+                f"prepare_inputs_for_generation, which its forward alone does not: likely causes there are new tokens' "
+                f"position ids restarting at 0, or an attention mask or cache position not advanced); prompt "
+                f"{shown(found['prompt'])}"), tol, len(seeds), {**found, "protocol": words})
+        also = f"; greedy generate too, {longest - prompt} new tokens with and without the cache"
+    return tally.verdict(NAME, tol, len(seeds), f"cached decoding equals the full forward pass ({words}; the first "
+                                                f"seed one token at a time over {longest} positions{also})")

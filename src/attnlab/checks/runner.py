@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import torch
+from torch import nn
 
 from attnlab.checks.batch import check_batch_independence
 from attnlab.checks.calling import FAST_PATH_LOCK, ModelRaised, ModelUnderTest, OutputError, mode
@@ -134,6 +138,20 @@ def _stopped(name: str, mut: ModelUnderTest, what: str, evidence: dict[str, Any]
     return CheckResult(name, "fail", summary, "", 0, {**evidence, "seed": mut.seed, "input": mut.last_input})
 
 
+@contextmanager
+def _buffers_kept(model: Any) -> Iterator[None]:
+    """Give an ``nn.Module`` its buffers back as they were: calls in train mode update some (batch norm's running
+    statistics), and checking a trained model must not change what it computes afterwards."""
+    buffers = list(model.buffers()) if isinstance(model, nn.Module) else []
+    saved = [b.detach().clone() for b in buffers]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in zip(buffers, saved):
+                buffer.copy_(value)
+
+
 def run_checks(
     model: Callable[..., Any],
     contract: Contract,
@@ -147,7 +165,8 @@ def run_checks(
     Args:
         model: ``model(ids)`` for encoders and decoders, ``model(src, tgt)`` for seq2seq; ids are
             (batch, seq) LongTensors. An ``nn.Module`` is put in eval mode for the checks (and in train
-            mode for part of ``mode``), and its own mode is restored afterwards.
+            mode for part of ``mode`` and ``causal``), and its own mode and its buffers (batch norm's running
+            statistics, which train-mode calls update) are restored afterwards.
         contract: the inputs it accepts.
         seeds: how many seeds (``range(seeds)``) or which ones; every check runs on each.
         only: names of the checks to run (default all, see :data:`CHECKS`).
@@ -163,7 +182,7 @@ def run_checks(
     names = list(CHECKS) if only is None else list(only)
     seed_values = seed_list(seeds)
     mut = ModelUnderTest(model, contract)
-    with FAST_PATH_LOCK:  # the checks switch torch's process-wide fast-path flag; one run at a time
+    with FAST_PATH_LOCK, _buffers_kept(model):  # the checks switch torch's process-wide fast-path flag: one at a time
         _refuse_uncallable(mut)
         random = eval_randomness(mut, seed_values[0]) if set(names) & set(COMPARING) else None
         results = []

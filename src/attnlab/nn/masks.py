@@ -222,7 +222,9 @@ def from_hf_attention_mask(attention_mask: Tensor) -> Tensor:
         AttnlabError: for another rank or for values other than 0 and 1.
     """
     _check_padding_rank(attention_mask, "from_hf_attention_mask", "Hugging Face attention_mask")
-    return from_keep_mask(attention_mask)[:, None, None, :]
+    # (a (batch, keys) 0/-inf mask is torch's key_padding_mask form: its converter also gives attention's rank)
+    keep = _check_zero_one(attention_mask, "from_hf_attention_mask", additive="from_key_padding_mask")
+    return (keep != 0)[:, None, None, :]
 
 
 def from_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
@@ -341,8 +343,9 @@ def _from_torch_mask(mask: Tensor, name: str) -> Tensor:
     return _check_additive(mask, name) > ADDITIVE_HIDDEN_THRESHOLD
 
 
-def _check_zero_one(mask: Tensor, name: str) -> Tensor:
-    """``mask`` itself, after checking it holds only 0 and 1 (any bool does)."""
+def _check_zero_one(mask: Tensor, name: str, *, additive: str = "from_additive_mask") -> Tensor:
+    """``mask`` itself, after checking it holds only 0 and 1 (any bool does); an additive one is pointed to the
+    converter ``additive``."""
     _require_tensor(mask, name)
     if mask.dtype == torch.bool:
         return mask
@@ -355,7 +358,7 @@ def _check_zero_one(mask: Tensor, name: str) -> Tensor:
         if mask.is_floating_point() and bool((odd <= ADDITIVE_HIDDEN_THRESHOLD).any()):
             raise AttnlabError(
                 f"{name} takes a 0/1 mask, but this {mask.dtype} mask holds {odd.min().item()}: it looks like "
-                "an additive mask (0 = attend, -inf = hide); convert it with from_additive_mask"
+                f"an additive mask (0 = attend, -inf = hide); convert it with {additive}"
             )
         raise AttnlabError(
             f"{name} takes a mask of 0s and 1s, got {mask.dtype} values such as {odd.flatten()[0].item()}"

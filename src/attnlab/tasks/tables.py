@@ -90,15 +90,23 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
         # U+2028) instead of being cut at them
         reader = csv.DictReader(io.StringIO(raw, newline=""), delimiter=delimiter)
         fields = list(reader.fieldnames or [])
-        rows = []
+        rows, ended = [], reader.line_num  # the line the previous record ended on
         for row in reader:
             # DictReader files surplus fields under None and fills missing ones with None: either way the row's
             # text and label would be taken from the wrong places without a word.
             if None in row or None in row.values():
+                last_line = len(re.split(r"\r\n|\r|\n", raw.rstrip("\r\n")))
+                if reader.line_num - ended > 1 and reader.line_num >= last_line:
+                    # a record of too few fields running over several lines to the end of the file: a quote opened
+                    # and never closed took in every line after it
+                    raise AttnlabError(f"{path}:{ended + 1}: a quote opened on this line is never closed, so the text "
+                                       f"runs on to the end of the file (line {reader.line_num}); close it, or write "
+                                       f"a quote inside a quoted text as two (\"\")")
                 count = len(fields) + len(row.get(None) or []) if None in row else sum(v is not None for v in row.values())
                 raise AttnlabError(f"{path}:{reader.line_num}: {count} field{'s' if count != 1 else ''} where the "
                                    f"header has {len(fields)}; quote a text that holds the delimiter")
             rows.append(dict(row))
+            ended = reader.line_num
     except csv.Error as err:
         raise AttnlabError(f"{path} is not a readable CSV file: {err}") from err
     return fields, rows
