@@ -75,3 +75,24 @@ def test_under_torchrun_each_process_names_itself_in_its_error_and_small_batches
     said = any(line.startswith("[rank 1] error: " + message) for line in lines)
     assert said or "[rank 1] terminated" in done.stderr, done.stderr[-3000:]
     assert not (tmp_path / "run").exists()
+
+
+def test_translation_under_torchrun_trains_on_the_batches_of_one_pair_too(tmp_path):
+    rng = random.Random(0)
+    write_corpus(tmp_path / "train", 60, rng)
+    write_corpus(tmp_path / "valid", 8, rng)
+    small = [a if a != "600" else "12" for a in SMALL]  # --max-tokens 12: most batches hold a single pair
+    args = ["train", "translate", "--train", tmp_path / "train", "--valid", tmp_path / "valid", "--src", "xx", "--tgt",
+            "yy", "--max-steps", "20", "--eval-every", "20", *small]
+    one = subprocess.run([sys.executable, "-m", "attnlab.cli.main", *map(str, args), "--out", str(tmp_path / "one")],
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = torchrun(tmp_path, *args, "--out", tmp_path / "two")
+    assert two.returncode == 0, two.stderr[-3000:]
+
+    def losses(run):
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return [round(json.loads(line)["loss"], 3) for line in lines if '"loss"' in line and '"eval"' not in line]
+
+    # the same pairs in the same steps (a process without a pair runs one with its loss ignored), to float rounding
+    assert losses("one") == losses("two") and len(losses("one")) == 2

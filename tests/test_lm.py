@@ -511,6 +511,10 @@ def test_a_time_budget_can_be_raised_on_resume_and_an_ended_run_says_why_it_cann
     # The same 80 steps as the uninterrupted run: the budget decided where it stopped, not what it computed.
     assert json.loads((timed / "result.json").read_text())["val_loss"] == pytest.approx(
         json.loads((run[0] / "result.json").read_text())["val_loss"], abs=1e-5)
+    # Finished now, under a budget it has spent: it is refused as finished, not as stopped by the budget (whose
+    # advice, a larger --max-seconds, would only lead to this refusal)
+    budget = invoke("train", "lm", "--text", text, "--out", timed, "--resume", "--max-seconds", "0.0001", "--no-progress")
+    assert budget.exit_code == 2 and "has finished its 80 steps" in budget.stderr
 
 
 def test_a_resume_at_a_checkpoint_where_the_run_now_ends_evaluates_it_and_reports(tmp_path, monkeypatch):

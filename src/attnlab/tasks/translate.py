@@ -202,9 +202,16 @@ class TranslationTask:
     def batches(self, epoch: int, place: Place) -> Iterator[Batch]:
         """Length-bucketed token batches; under DDP each process takes every ``world``-th pair of a batch."""
         for index in token_batches(self.train, max_tokens=self.settings.max_tokens, seed=self.seed, epoch=epoch):
-            if len(index) < place.world:
-                continue  # every process needs a share; the same batches are skipped on all of them
-            data = collate(self.train, shard(index, place))
+            mine = shard(index, place)
+            if not mine:
+                # A batch of fewer pairs than processes leaves this one none. It runs the batch's first pair with
+                # every target token ignored (a loss and gradient of exactly 0, through the layers the others
+                # run), so that N processes train on what one process does; skipping the batch would not.
+                data = collate(self.train, index[:1])
+                data["tgt_out"] = torch.full_like(data["tgt_out"], PAD_ID)
+                yield Batch(data, count=0, tokens=0)
+                continue
+            data = collate(self.train, mine)
             yield Batch(data, count=real_tokens(data["tgt_out"]),
                         tokens=real_tokens(data["src"]) + real_tokens(data["tgt_out"]))
 

@@ -334,7 +334,8 @@ def refuse_ended(run_dir: str | Path, *, steps: int, max_seconds: float, steps_o
     if stopped_early and (reported or lengthened):
         raise AttnlabError(f"{run_dir} was ended by early stopping at step {reached}, which is part of the run: it "
                            "takes no further step; train a new run with a larger --patience (0: none)")
-    if max_seconds and seconds >= max_seconds and (reported or lengthened):
+    # (a run that has reached its last step has finished, whatever its time: the budget did not stop it)
+    if max_seconds and seconds >= max_seconds and reached < steps and (reported or lengthened):
         raise AttnlabError(f"{run_dir} stopped at its time budget, --max-seconds {max_seconds:g}, after {reached} of "
                            f"{steps} steps ({seconds:.1f} s); resume with a larger --max-seconds (0: no limit)")
     if reported and reached >= steps:
