@@ -520,6 +520,9 @@ def test_lengthening_a_classify_run_on_resume_is_refused_when_it_could_not_go_on
     import shutil
 
     shutil.rmtree(tmp_path / "fresh" / "checkpoint")
+    # its report left: the checkpoint was deleted from a run that ran, which a resume must not train over
+    assert "holds the report of a run that ran" in one_error_line(out_of("fresh", "--steps", "3", "--resume"))
+    (tmp_path / "fresh" / "result.json").unlink()  # as a run killed before its first checkpoint leaves it
     again = out_of("fresh", "--steps", "3", "--resume")
     assert again.exit_code == 0 and "resume: the run starts again with 3 steps instead of 2" in again.output
     assert json.loads((tmp_path / "fresh" / "result.json").read_text())["steps"] == 3
@@ -540,3 +543,17 @@ def test_lengthening_a_classify_run_on_resume_is_refused_when_it_could_not_go_on
     assert json.loads((tmp_path / "cut" / "config.json").read_text())["train"]["max_steps"] == 9
     finished = out_of("cut", "--resume")
     assert finished.exit_code == 0 and json.loads((tmp_path / "cut" / "result.json").read_text())["steps"] == 9
+
+
+def test_a_run_whose_labels_do_not_match_its_model_is_one_error_line(trained, tmp_path):
+    import shutil
+
+    root, _ = trained
+    for name, labels in (("short", lambda ls: ls[:1]), ("doubled", lambda ls: [ls[0]] * len(ls))):
+        folder = tmp_path / name
+        shutil.copytree(root / "run", folder)
+        config = json.loads((folder / "config.json").read_text())
+        config["labels"] = labels(config["labels"])  # an index past the list, or two answers under one name
+        (folder / "config.json").write_text(json.dumps(config))
+        said = one_error_line(run("predict", folder, "where is my parcel"))
+        assert "labels" in said and "mixes files of different runs" in said

@@ -174,3 +174,30 @@ def test_every_file_is_flushed_to_disk_before_its_rename(tmp_path, monkeypatch):
     flushed.clear()
     write_text_atomic(tmp_path / "notes.txt", "text")
     assert flushed[0].endswith(".tmp") and flushed[0].startswith(".notes.txt")
+
+
+def test_a_symbolic_link_is_written_through_and_kept(tmp_path):
+    target = tmp_path / "real.txt"
+    target.write_text("old\n", encoding="utf-8")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    write_text_atomic(link, "new\n")
+    assert link.is_symlink() and target.read_text(encoding="utf-8") == "new\n"
+
+
+def test_a_named_pipe_and_a_device_are_written_to_not_replaced(tmp_path):
+    import threading
+    from pathlib import Path
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text(encoding="utf-8")))
+    reader.start()
+    write_text_atomic(fifo, "through the pipe\n")
+    reader.join(timeout=10)
+    assert got == ["through the pipe\n"] and stat.S_ISFIFO(fifo.stat().st_mode)
+    null = Path(os.devnull)
+    if os.access(null, os.W_OK):
+        write_text_atomic(null, "gone\n")
+        assert stat.S_ISCHR(null.stat().st_mode)

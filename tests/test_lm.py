@@ -493,6 +493,11 @@ def test_a_time_budget_can_be_raised_on_resume_and_an_ended_run_says_why_it_cann
     result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", finished, "--resume", "--no-progress")
     assert result.exit_code == 2 and "has finished its 80 steps" in result.stderr
     assert (finished / "result.json").read_bytes() == before  # its report is not redone
+    shutil.rmtree(finished / "checkpoint")  # deleted to save room: a resume must not train it again over its weights
+    weights = (finished / "model.safetensors").read_bytes()
+    lost = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", finished, "--resume", "--no-progress")
+    assert lost.exit_code == 2 and "holds the report of a run that ran (result.json) but no checkpoint/" in lost.stderr
+    assert (finished / "model.safetensors").read_bytes() == weights and (finished / "result.json").read_bytes() == before
     text = tmp_path / "fox.txt"
     text.write_text(TEXT, encoding="utf-8")
     timed = tmp_path / "timed"

@@ -173,3 +173,10 @@ def test_a_model_with_a_context_of_one_generates_with_and_without_the_cache():
             last = int(model(torch.tensor([[last]]))[0, -1].argmax())
             expected.append(last)
     assert cached == fresh == expected
+
+
+def test_a_top_p_below_float32s_smallest_number_keeps_the_top_token():
+    logits = torch.tensor([[2.0, 1.0, 0.5], [0.0, 3.0, 1.0]])
+    kept = top_p_filter(logits, 1e-46)  # 1e-46 is 0 in float32: "0 >= 0" dropped every token, NaN followed
+    assert torch.isfinite(kept).sum(-1).tolist() == [1, 1] and kept.argmax(-1).tolist() == [0, 1]
+    assert next_token(logits, top_p=1e-46).tolist() == [0, 1]

@@ -153,10 +153,19 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     The file gets the permissions an ordinary write would give it: those of the file it replaces, or
     0666 less the umask (``mkstemp`` makes its files private, 0600, whatever the umask, and so do writers
     such as safetensors that replace the temporary file with their own: the mode is set again at the end).
+
+    A symbolic link is written through: its target is replaced, the link kept. A device or a named pipe
+    (``/dev/null``, a FIFO a reader waits on) is written to in place once the temporary file is complete, never
+    replaced by a regular file.
     """
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     if path.is_dir():  # said now, by its own name: the rename at the end would fail on the temporary one
         raise AttnlabError(f"{path} is a folder; give a file name to write")
+    if path.exists() and not path.is_file():
+        yield from _written_in_place(path)
+        return
     ensure_writable_dir(path.parent)
     mode = path.stat().st_mode & 0o7777 if path.is_file() else 0o666 & ~_umask()
     _remove_abandoned(path)
@@ -173,6 +182,22 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         _fsync(tmp_path)
         os.replace(tmp_path, path)
         _fsync(path.parent)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def _written_in_place(path: Path) -> Iterator[Path]:
+    """:func:`atomic_path` for a device or a named pipe: a temporary file elsewhere, copied into ``path`` whole."""
+    fd, tmp = tempfile.mkstemp(suffix=".tmp")
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        try:
+            with open(tmp_path, "rb") as source, open(path, "wb") as target:
+                shutil.copyfileobj(source, target)
+        except OSError as err:
+            raise AttnlabError(f"cannot write {path}: {err.strerror}") from err
     finally:
         tmp_path.unlink(missing_ok=True)
 

@@ -138,7 +138,9 @@ class ModelUnderTest:
         makes it: under ``no_grad`` (gradients on when the model is in train mode, as in training), on the path
         training takes (or the fast path, see :meth:`with_fast_path`), its exceptions as :class:`ModelRaised`, its
         output checked to have ``rows`` rows and moved to the CPU."""
-        training = isinstance(self.model, nn.Module) and self.model.training
+        # (a model loaded under inference_mode has inference tensors, which autograd cannot record: no_grad there)
+        training = isinstance(self.model, nn.Module) and self.model.training and not any(
+            p.is_inference() for p in self.model.parameters())
         with torch.set_grad_enabled(training), _fast_path(self.fast_path), self._random_streams():
             try:
                 raw = call()

@@ -46,6 +46,8 @@ from attnlab.checks.result import CheckResult, shown
 NAME = "kv-cache"
 #: The first seed decodes rows of the longest length (``--max-length``), one call per token, up to this many positions.
 LONGEST = 1024
+#: New tokens of the Hugging Face ``generate`` comparison, after a prompt of at most twice as many.
+GENERATED = 16
 #: After the prefix, the other seeds feed chunks of 1 to this many tokens.
 CHUNK = 3
 
@@ -146,9 +148,10 @@ def _generated(mut: ModelUnderTest, inner: Any, prompt: Tensor, new: int, cache:
     def call() -> Tensor:
         with warnings.catch_warnings():  # (its notes on generation settings are not the check's findings)
             warnings.simplefilter("ignore")
+            # greedy whatever the model's generation_config asks (beams, several sequences)
             out = inner.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
-                                 min_new_tokens=new, do_sample=False, use_cache=cache, output_logits=True,
-                                 return_dict_in_generate=True, pad_token_id=0)
+                                 min_new_tokens=new, do_sample=False, num_beams=1, num_return_sequences=1,
+                                 use_cache=cache, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
         chosen.append(out.sequences[:, prompt.shape[1]:])
         return torch.stack(out.logits, dim=1)
     return mut.invoke(call, rows=prompt.shape[0]), chosen[0].cpu()
@@ -162,10 +165,12 @@ def _generate_differs(mut: ModelUnderTest, inner: Any, ids: Tensor, prompt: int,
     start = ids[:, :prompt].to(mut.device)
     cached, cached_tokens = _generated(mut, inner, start, new, cache=True)
     full, full_tokens = _generated(mut, inner, start, new, cache=False)
+    # generate hands back float32 logits whatever the model computes in: the tolerance is the model's precision's
+    precision = next((p.dtype for p in inner.parameters() if p.is_floating_point()), full.dtype)
     for row in range(ids.shape[0]):
         agree = (cached_tokens[row] == full_tokens[row]).long().cumprod(0)  # 1 while the tokens chosen agree
         steps = int(agree.sum()) + 1  # those steps, and the step where the choices part (a near tie may do that)
-        diff = mut.compare(full[row, :steps], cached[row, :steps], TOLERANCE.for_kernels(full.dtype))
+        diff = mut.compare(full[row, :steps], cached[row, :steps], TOLERANCE.for_kernels(precision))
         if tally.judge(diff) and not diff.same:
             return {"row": row, "steps": [p[0] for p in diff.positions], "max_diff": diff.max_diff,
                     "prompt": ids[row, :prompt], "cached_tokens": cached_tokens[row], "tokens": full_tokens[row],
@@ -308,9 +313,12 @@ def check_kv_cache(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
     inner = _generating_decoder(mut.model) if words.startswith("Hugging Face") and contract.kind == "decoder" else None
     also = ""
     if inner is not None:
+        # A short prompt and a few new tokens: without the cache generate recomputes the whole prefix every step,
+        # and positions restarting at 0 show at the first cached step. (The long rows were decoded above.)
         gen = generator(NAME + " generate", seeds[0])
-        ids = random_tokens(gen, contract, 2, longest)
-        prompt = randint(gen, 1, longest - 1)
+        new = min(GENERATED, longest - 1)
+        prompt = randint(gen, 1, min(longest - new, 2 * GENERATED))
+        ids = random_tokens(gen, contract, 2, prompt + new)
         found = _generate_differs(mut, inner, ids, prompt, tally)
         if found is not None:
             diff = found.pop("diff")
@@ -321,6 +329,6 @@ def check_kv_cache(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
                 f"prepare_inputs_for_generation, which its forward alone does not: likely causes there are new tokens' "
                 f"position ids restarting at 0, or an attention mask or cache position not advanced); prompt "
                 f"{shown(found['prompt'])}"), tol, len(seeds), {**found, "protocol": words})
-        also = f"; greedy generate too, {longest - prompt} new tokens with and without the cache"
+        also = f"; greedy generate too, {new} new tokens with and without the cache"
     return tally.verdict(NAME, tol, len(seeds), f"cached decoding equals the full forward pass ({words}; the first "
                                                 f"seed one token at a time over {longest} positions{also})")

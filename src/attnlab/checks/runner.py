@@ -147,8 +147,9 @@ def _buffers_kept(model: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        with torch.no_grad():
-            for buffer, value in zip(buffers, saved):
+        for buffer, value in zip(buffers, saved):
+            # (a buffer made under inference_mode can only be written in it)
+            with torch.inference_mode() if buffer.is_inference() else torch.no_grad():
                 buffer.copy_(value)
 
 

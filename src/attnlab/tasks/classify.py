@@ -186,6 +186,11 @@ def load_classifier(run_dir: str | Path) -> Classifier:
     labels = config.get("labels")
     if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
         raise AttnlabError(f"{run_dir / 'config.json'} has no list of labels")
+    classes = config.get("model", {}).get("kwargs", {}).get("num_classes")
+    if len(set(labels)) != len(labels) or (classes is not None and len(labels) != classes):
+        # a label per output, each once: another list would name the model's answers wrongly, or not at all
+        raise AttnlabError(f"{run_dir / 'config.json'} lists {len(labels)} labels ({len(set(labels))} distinct) for "
+                           f"a model of {classes} classes: the run folder mixes files of different runs")
     tokenizer = load_tokenizer(run_dir / config.get("tokenizer", "tokenizer.json"), model.encoder.embed.vocab_size)
     if "max_positions" not in config:
         raise AttnlabError(f"{run_dir / 'config.json'} does not say the model's max_positions")

@@ -51,6 +51,7 @@ from attnlab.training.checkpoint import (
     model_config,
     read_run_config,
     refuse_ended,
+    refuse_restart_over_a_report,
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
@@ -448,6 +449,7 @@ def train_classifier(
     saved: dict[str, Any] | None = None
     if resume:
         saved = read_run_config(out, TASK_NAME)
+        refuse_restart_over_a_report(out)  # (before anything is read or said)
         settings = ClassifySettings(**{"wordllama": False, **saved["classify"]})  # older runs had GloVe only
         # A new length (--steps, else --epochs) is taken, its schedule re-planned, and a new time budget or
         # checkpoint interval (where the run stops and what it saves, not what its steps compute); the other

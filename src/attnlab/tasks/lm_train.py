@@ -57,6 +57,7 @@ from attnlab.training.checkpoint import (
     model_config,
     read_run_config,
     refuse_ended,
+    refuse_restart_over_a_report,
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
@@ -295,6 +296,7 @@ def train_language_model(
     run_config: dict[str, Any] | None = None
     if resume:  # the saved settings win: a resumed run must repeat the steps of the one it continues
         run_config = read_run_config(out, task_name)
+        refuse_restart_over_a_report(out)  # (before anything is read or said)
         saved = run_config["lm"]
         # (runs saved before ``bias`` was a setting had biases)
         settings = LMSettings(**{"bias": True, **saved, "betas": tuple(saved["betas"])})

@@ -60,6 +60,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     probs = sorted_logits.softmax(dim=-1)
     before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above each one
     drop_sorted = before >= p
+    drop_sorted[..., 0] = False  # (a p below float32's smallest number compares as 0, and 0 >= 0 would drop it too)
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, -math.inf)
 

@@ -95,11 +95,12 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
             # DictReader files surplus fields under None and fills missing ones with None: either way the row's
             # text and label would be taken from the wrong places without a word.
             if None in row or None in row.values():
-                last_line = len(re.split(r"\r\n|\r|\n", raw.rstrip("\r\n")))
-                if reader.line_num - ended > 1 and reader.line_num >= last_line:
-                    # a record of too few fields running over several lines to the end of the file: a quote opened
-                    # and never closed took in every line after it
-                    raise AttnlabError(f"{path}:{ended + 1}: a quote opened on this line is never closed, so the text "
+                if reader.line_num - ended > 1 and _unclosed_quote(raw, delimiter):
+                    # a quote opened and never closed took in every line after it: say where it opened (the first
+                    # line of this record that is not blank), not where the file ends
+                    lines = re.split(r"\r\n|\r|\n", raw)
+                    start = next((i for i in range(ended, reader.line_num) if lines[i].strip()), ended) + 1
+                    raise AttnlabError(f"{path}:{start}: a quote opened on this line is never closed, so the text "
                                        f"runs on to the end of the file (line {reader.line_num}); close it, or write "
                                        f"a quote inside a quoted text as two (\"\")")
                 count = len(fields) + len(row.get(None) or []) if None in row else sum(v is not None for v in row.values())
@@ -110,6 +111,16 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
     except csv.Error as err:
         raise AttnlabError(f"{path} is not a readable CSV file: {err}") from err
     return fields, rows
+
+
+def _unclosed_quote(raw: str, delimiter: str) -> bool:
+    """Whether ``raw`` ends inside a quoted field (the csv module, strict, says so; lenient, it reads on to the end)."""
+    try:
+        for _ in csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter, strict=True):
+            pass
+    except csv.Error as err:
+        return "unexpected end of data" in str(err)
+    return False
 
 
 def pick_label_column(columns: list[str], text_column: str, label_column: str | None, path: Path,

@@ -58,6 +58,7 @@ from attnlab.training.checkpoint import (
     model_config,
     read_run_config,
     refuse_ended,
+    refuse_restart_over_a_report,
     register_model,
     write_run_config,
 )
@@ -396,6 +397,7 @@ def train_translation(
     refuse_non_folder(out, "--out")
     if resume:
         run_cfg = read_run_config(out, TASK)
+        refuse_restart_over_a_report(out)  # (before anything is read or said)
         saved = TranslateSettings.from_dict(run_cfg["settings"], out)
         _same_data(run_cfg.get("data", {}), train=train, valid=valid)
         if requested is None:

@@ -313,6 +313,17 @@ def _reported_step(run_dir: Path) -> int | None:
         return None
 
 
+def refuse_restart_over_a_report(run_dir: str | Path) -> None:
+    """Refuse to start a run again from step 0 (a resume without a checkpoint) over the report of one that ran:
+    a run killed before its first checkpoint has written none, so a ``result.json`` without ``checkpoint/``
+    means the checkpoint was deleted, and a restart would train its weights and report over again."""
+    run_dir = Path(run_dir)
+    if not has_checkpoint(run_dir) and (run_dir / RESULT).exists():
+        raise AttnlabError(f"{run_dir} holds the report of a run that ran ({RESULT}) but no {CHECKPOINT}/ to resume "
+                           "from: resuming would train it again from step 0 over its weights; train into another "
+                           "--out, or remove the run's files to start it again")
+
+
 def refuse_ended(run_dir: str | Path, *, steps: int, max_seconds: float, steps_option: str,
                  lengthened: bool = False) -> int:
     """Refuse to resume a run that has ended, or whose checkpoint is past ``steps`` (:func:`refuse_shorter`), saying
