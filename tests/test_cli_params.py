@@ -130,3 +130,19 @@ def test_a_runtime_error_that_is_not_about_memory_is_not_dressed_up_as_one(tmp_p
     text.write_text("hello world\n" * 50, encoding="utf-8")
     result = CliRunner().invoke(cli, ["train", "lm", "--text", str(text), "--out", str(tmp_path / "run")])
     assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)  # a bug: its traceback is kept
+
+
+def test_a_bpe_vocabulary_past_any_real_one_is_refused_before_the_trainer_allocates_for_it(tmp_path):
+    from click.testing import CliRunner
+
+    from attnlab.cli.main import cli
+
+    text = tmp_path / "t.txt"
+    text.write_text("some text to read\n" * 50, encoding="utf-8")
+    for args in (["train", "lm", "--text", text, "--tokenizer", "bpe", "--bpe-vocab-size", "10000000000"],
+                 ["train", "translate", "--train", tmp_path / "t", "--valid", tmp_path / "t", "--vocab-size", "10000000000"]):
+        result = CliRunner().invoke(cli, [str(a) for a in (*args, "--out", tmp_path / "run")])
+        assert result.exit_code == 2 and "is not in the range 1<=x<=1048576" in result.stderr
+    budget = CliRunner().invoke(cli, ["train", "classify", "--train", str(text), "--out", str(tmp_path / "c"),
+                                      "--max-seconds", "1e308"])  # its epochs are fitted to the budget: an overflow
+    assert budget.exit_code == 2 and "--max-seconds" in budget.stderr

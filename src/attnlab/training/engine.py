@@ -275,14 +275,16 @@ class Trainer:
         """On resume, forget what was logged after the checkpoint: those steps will be run again."""
         if not self.place.is_main or not self.metrics_path.exists():
             return
-        lines = self.metrics_path.read_text(encoding="utf-8").splitlines()
+        # (errors="replace": bytes that are not UTF-8 spoil their own line, which is dropped below, not the resume)
+        lines = self.metrics_path.read_text(encoding="utf-8", errors="replace").splitlines()
         kept = []
         for line in lines:
             try:
-                if json.loads(line).get("step", 0) <= step:
-                    kept.append(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill
+                logged = json.loads(line).get("step", 0)
+            except (json.JSONDecodeError, AttributeError):
+                continue  # a line cut short by a kill, or not a record
+            if isinstance(logged, int) and not isinstance(logged, bool) and logged <= step:
+                kept.append(line)
         write_text_atomic(self.metrics_path, "".join(x + "\n" for x in kept))  # a kill now keeps the old log whole
 
     def _checkpoint(self) -> None:
