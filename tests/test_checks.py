@@ -1020,3 +1020,11 @@ def test_the_checks_leave_a_models_buffers_as_they_found_them():
     run_checks(model, Contract("encoder", pad_id=None), seeds=1)
     assert all(torch.equal(before[name], b) for name, b in model.named_buffers())
     assert not model.training
+
+
+def test_a_model_loaded_under_inference_mode_is_checked_not_reported_as_raising():
+    with torch.inference_mode():
+        model = NormedEncoder()  # weights and batch-norm statistics are inference tensors
+    report = run_checks(model, Contract("encoder", pad_id=None), seeds=1, only=["mode", "finite-outputs"])
+    assert all("raised" not in r.summary for r in report.results), [r.summary for r in report.results]
+    assert report.result("mode").status in ("pass", "note")

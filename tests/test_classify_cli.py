@@ -242,6 +242,12 @@ def test_bad_training_input_is_one_line_and_exit_2(tmp_path):
     multiline = tmp_path / "multiline.csv"  # a closed quote over two lines, then a row without its label
     multiline.write_text('text,label\n"two\nlines",a\nonly text\nyo,b\n', encoding="utf-8")
     assert "multiline.csv:4: 1 field where the header has 2" in one_error_line(run(*train, "--train", multiline))
+    later = tmp_path / "later.csv"  # a closed two-line quote short of its label, and an unclosed quote after it
+    later.write_text('text,label\n"two\nlines"\ngood,pos\n"never closed,neg\nmore,pos\n', encoding="utf-8")
+    assert "later.csv:3: 1 field where the header has 2" in one_error_line(run(*train, "--train", later))
+    lenient = tmp_path / "lenient.csv"  # text after a closing quote (read as it is), then an unclosed quote
+    lenient.write_text('text,label\n"said"so,pos\nok,neg\n"never closed,neg\nmore,pos\n', encoding="utf-8")
+    assert "lenient.csv:4: a quote opened on this line is never closed" in one_error_line(run(*train, "--train", lenient))
     three = tmp_path / "three.csv"
     three.write_text("text,a,b\nx,1,2\n", encoding="utf-8")
     assert "['text', 'a', 'b']" in one_error_line(run(*train, "--train", three))

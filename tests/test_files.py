@@ -201,3 +201,18 @@ def test_a_named_pipe_and_a_device_are_written_to_not_replaced(tmp_path):
     if os.access(null, os.W_OK):
         write_text_atomic(null, "gone\n")
         assert stat.S_ISCHR(null.stat().st_mode)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="no /proc/self/fd on this system")
+def test_a_link_to_an_open_stream_is_written_into_the_stream_not_over_the_file_it_is_open_on(tmp_path):
+    redirected = tmp_path / "log.txt"  # as a shell's >> leaves standard output: open on a file, appending
+    redirected.write_text("before\n", encoding="utf-8")
+    fd = os.open(redirected, os.O_WRONLY | os.O_APPEND)
+    try:
+        stream = tmp_path / "stdout"  # what /dev/stdout is: a link to /proc/self/fd/N
+        stream.symlink_to(f"/proc/self/fd/{fd}")
+        write_text_atomic(stream, "written\n")
+        os.write(fd, b"after\n")  # the process's own later output still lands in the same file
+    finally:
+        os.close(fd)
+    assert redirected.read_text(encoding="utf-8") == "before\nwritten\nafter\n"

@@ -159,13 +159,15 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     replaced by a regular file.
     """
     path = Path(path)
-    if path.is_symlink():
-        path = Path(os.path.realpath(path))
     if path.is_dir():  # said now, by its own name: the rename at the end would fail on the temporary one
         raise AttnlabError(f"{path} is a folder; give a file name to write")
-    if path.exists() and not path.is_file():
+    # A stream is written in place: a device or pipe, and what /dev/stdout or /proc/self/fd/N name, which may be
+    # a file the shell redirected to (replacing it would lose what the shell wrote there, and all written after).
+    if path.exists() and (not path.is_file() or _names_a_stream(path)):
         yield from _written_in_place(path)
         return
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     ensure_writable_dir(path.parent)
     mode = path.stat().st_mode & 0o7777 if path.is_file() else 0o666 & ~_umask()
     _remove_abandoned(path)
@@ -186,6 +188,18 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         tmp_path.unlink(missing_ok=True)
 
 
+def _names_a_stream(path: Path) -> bool:
+    """Whether ``path``, or a link on its way to its target, is under /dev or /proc: /dev/stdout, /dev/fd/N and
+    /proc/self/fd/N name a process's open stream, whatever file it is open on."""
+    for _ in range(40):  # (a chain of links longer than the kernel follows is no stream)
+        if str(path).startswith(("/dev/", "/proc/")):
+            return True
+        if not path.is_symlink():
+            return False
+        path = Path(os.path.join(path.parent, os.readlink(path)))
+    return False
+
+
 def _written_in_place(path: Path) -> Iterator[Path]:
     """:func:`atomic_path` for a device or a named pipe: a temporary file elsewhere, copied into ``path`` whole."""
     fd, tmp = tempfile.mkstemp(suffix=".tmp")
@@ -194,7 +208,8 @@ def _written_in_place(path: Path) -> Iterator[Path]:
     try:
         yield tmp_path
         try:
-            with open(tmp_path, "rb") as source, open(path, "wb") as target:
+            # (appended: a stream redirected with >> keeps what came before, and a pipe or device has no end to cut)
+            with open(tmp_path, "rb") as source, open(path, "ab") as target:
                 shutil.copyfileobj(source, target)
         except OSError as err:
             raise AttnlabError(f"cannot write {path}: {err.strerror}") from err

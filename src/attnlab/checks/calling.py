@@ -138,10 +138,14 @@ class ModelUnderTest:
         makes it: under ``no_grad`` (gradients on when the model is in train mode, as in training), on the path
         training takes (or the fast path, see :meth:`with_fast_path`), its exceptions as :class:`ModelRaised`, its
         output checked to have ``rows`` rows and moved to the CPU."""
-        # (a model loaded under inference_mode has inference tensors, which autograd cannot record: no_grad there)
-        training = isinstance(self.model, nn.Module) and self.model.training and not any(
-            p.is_inference() for p in self.model.parameters())
-        with torch.set_grad_enabled(training), _fast_path(self.fast_path), self._random_streams():
+        module = self.model if isinstance(self.model, nn.Module) else None
+        # A model loaded under inference_mode holds inference tensors, which autograd cannot record and only
+        # inference_mode may update in place (batch norm's statistics in train mode): it is called in that mode.
+        loaded_for_inference = module is not None and any(
+            t.is_inference() for t in (*module.parameters(), *module.buffers()))
+        grad = module is not None and module.training and not loaded_for_inference
+        calling = torch.inference_mode() if loaded_for_inference else torch.set_grad_enabled(grad)
+        with calling, _fast_path(self.fast_path), self._random_streams():
             try:
                 raw = call()
             except KeyboardInterrupt:

@@ -95,10 +95,11 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
             # DictReader files surplus fields under None and fills missing ones with None: either way the row's
             # text and label would be taken from the wrong places without a word.
             if None in row or None in row.values():
-                if reader.line_num - ended > 1 and _unclosed_quote(raw, delimiter):
-                    # a quote opened and never closed took in every line after it: say where it opened (the first
-                    # line of this record that is not blank), not where the file ends
-                    lines = re.split(r"\r\n|\r|\n", raw)
+                lines = re.split(r"\r\n|\r|\n", raw.rstrip("\r\n"))
+                record = "\n".join(lines[ended:reader.line_num])
+                if reader.line_num >= len(lines) and reader.line_num - ended > 1 and _unclosed_quote(record, delimiter):
+                    # this record runs to the end of the file inside a quote: one opened and never closed took in
+                    # every line after it. Said where it opened (the record's first line that is not blank).
                     start = next((i for i in range(ended, reader.line_num) if lines[i].strip()), ended) + 1
                     raise AttnlabError(f"{path}:{start}: a quote opened on this line is never closed, so the text "
                                        f"runs on to the end of the file (line {reader.line_num}); close it, or write "
@@ -114,7 +115,8 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
 
 
 def _unclosed_quote(raw: str, delimiter: str) -> bool:
-    """Whether ``raw`` ends inside a quoted field (the csv module, strict, says so; lenient, it reads on to the end)."""
+    """Whether the text of a record, ``raw``, ends inside a quoted field (the csv module, strict, says so; lenient,
+    as the table is read, it reads on to the end of the file)."""
     try:
         for _ in csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter, strict=True):
             pass
