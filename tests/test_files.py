@@ -216,3 +216,21 @@ def test_a_link_to_an_open_stream_is_written_into_the_stream_not_over_the_file_i
     finally:
         os.close(fd)
     assert redirected.read_text(encoding="utf-8") == "before\nwritten\nafter\n"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="no /proc/self/fd on this system")
+def test_what_names_a_stream_is_told_by_the_links_real_folders_not_by_the_paths_text(tmp_path):
+    from pathlib import Path
+
+    from attnlab.files import _names_a_stream
+
+    fd = os.open(tmp_path / "log.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        relative = tmp_path / "rel"
+        relative.symlink_to(os.path.relpath(f"/proc/self/fd/{fd}", tmp_path))
+        (tmp_path / "fds").symlink_to("/proc/self/fd")  # a folder link on the way
+        assert _names_a_stream(relative) and _names_a_stream(tmp_path / "fds" / str(fd))
+    finally:
+        os.close(fd)
+    # a regular file under /dev (/dev/shm holds them) is replaced like any other, not appended to
+    assert not _names_a_stream(Path("/dev/shm/result.json")) and not _names_a_stream(tmp_path / "log.txt")

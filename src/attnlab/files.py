@@ -188,15 +188,20 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         tmp_path.unlink(missing_ok=True)
 
 
+#: A process's open file as /proc names it (/dev/stdout and /dev/fd/N are links to it).
+_OPEN_FILE = re.compile(r"/proc/[^/]+/fd/\d+")
+
+
 def _names_a_stream(path: Path) -> bool:
-    """Whether ``path``, or a link on its way to its target, is under /dev or /proc: /dev/stdout, /dev/fd/N and
-    /proc/self/fd/N name a process's open stream, whatever file it is open on."""
+    """Whether ``path`` names a process's open file (/dev/stdout, /dev/fd/N, /proc/self/fd/N, or a link to one),
+    which may be a file a shell redirected to: each link on the way is followed from its real folder."""
     for _ in range(40):  # (a chain of links longer than the kernel follows is no stream)
-        if str(path).startswith(("/dev/", "/proc/")):
+        here = Path(os.path.realpath(path.parent)) / path.name
+        if _OPEN_FILE.fullmatch(str(here)):
             return True
-        if not path.is_symlink():
+        if not here.is_symlink():
             return False
-        path = Path(os.path.join(path.parent, os.readlink(path)))
+        path = here.parent / os.readlink(here)
     return False
 
 

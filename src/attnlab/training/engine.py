@@ -275,13 +275,12 @@ class Trainer:
         """On resume, forget what was logged after the checkpoint: those steps will be run again."""
         if not self.place.is_main or not self.metrics_path.exists():
             return
-        # (errors="replace": bytes that are not UTF-8 spoil their own line, which is dropped below, not the resume)
-        lines = self.metrics_path.read_text(encoding="utf-8", errors="replace").splitlines()
         kept = []
-        for line in lines:
+        for raw in self.metrics_path.read_bytes().splitlines():
             try:
+                line = raw.decode("utf-8")  # bytes that are not UTF-8 spoil their own line, not the resume
                 logged = json.loads(line).get("step", 0)
-            except (json.JSONDecodeError, AttributeError):
+            except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
                 continue  # a line cut short by a kill, or not a record
             if isinstance(logged, int) and not isinstance(logged, bool) and logged <= step:
                 kept.append(line)
