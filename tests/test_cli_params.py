@@ -143,6 +143,9 @@ def test_a_bpe_vocabulary_past_any_real_one_is_refused_before_the_trainer_alloca
                  ["train", "translate", "--train", tmp_path / "t", "--valid", tmp_path / "t", "--vocab-size", "10000000000"]):
         result = CliRunner().invoke(cli, [str(a) for a in (*args, "--out", tmp_path / "run")])
         assert result.exit_code == 2 and "is not in the range 1<=x<=1048576" in result.stderr
+    accum = CliRunner().invoke(cli, ["train", "lm", "--text", str(text), "--grad-accum", "99999999", "--out",
+                                     str(tmp_path / "g")])  # every micro-batch of a step is drawn before it
+    assert accum.exit_code == 2 and "1<=x<=65536" in accum.stderr
     budget = CliRunner().invoke(cli, ["train", "classify", "--train", str(text), "--out", str(tmp_path / "c"),
                                       "--max-seconds", "1e308"])  # its epochs are fitted to the budget: an overflow
     assert budget.exit_code == 2 and "--max-seconds" in budget.stderr

@@ -446,8 +446,11 @@ def test_a_terminated_run_removes_its_staging_folder(tmp_path):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)  # as `kill` or a job scheduler would
+    time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)  # and again at once (two timeouts, a scheduler and its wrapper): no traceback
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM and err.strip().endswith("terminated")
+    assert "Traceback" not in err and "Exception ignored" not in err
     assert not list(tmp_path.iterdir())  # no report, no staging folder
 
 
@@ -477,3 +480,16 @@ def test_an_empty_out_is_refused_instead_of_writing_into_the_current_folder(tmp_
     monkeypatch.chdir(tmp_path)
     assert_one_line_error(run_cli("--out", ""), "'--out'", "empty")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_vectors_all_alike_are_one_error_line_without_library_warnings_before_it(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "zero.txt"  # no variance for the PCA: scikit-learn divided 0 by 0 aloud
+    words = "king queen man woman dog wolf football basketball red green yellow".split()
+    path.write_text("".join(f"{w} 0 0 0 0\n" for w in words), encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "attnlab.cli.main", "lab", "--glove", str(path), "--out",
+                           str(tmp_path / "report"), "--max-length", "11"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "RuntimeWarning" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("error: ")

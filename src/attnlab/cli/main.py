@@ -140,6 +140,9 @@ class Terminated(KeyboardInterrupt):
 
 
 def _terminated(signum: int, frame: Any) -> None:
+    # Once: the process is on its way out, and a second TERM (two timeouts, a scheduler and its wrapper) raised in
+    # the middle of the cleanup, or in an atexit callback, would cut it short with a traceback.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated()
 
 

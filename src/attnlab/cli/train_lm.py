@@ -58,8 +58,9 @@ def _steps(report: LMReport) -> str:
               help="Biases in the linear layers and layer norms. [nanogpt-cpu: none, as nanoGPT; shakespeare-fast: on]")
 @click.option("--dropout", type=FiniteFloat(0, 1, max_open=True), default=None)
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Windows per micro-batch.")
-@click.option("--grad-accum", type=click.IntRange(min=1), default=None,
-              help="Micro-batches per optimizer step (a batch of batch-size x grad-accum windows). [preset: 1]")
+@click.option("--grad-accum", type=click.IntRange(min=1, max=2**16), default=None,
+              help="Micro-batches per optimizer step (a batch of batch-size x grad-accum windows; at most 65,536, drawn "
+                   "before the step). [preset: 1]")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="Optimizer steps; may be changed on --resume (the schedule is re-planned).")
 @click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None, help="Peak learning rate.")
 @click.option("--min-lr", type=FiniteFloat(min=0), default=None, help="End of the cosine decay.")

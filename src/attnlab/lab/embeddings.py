@@ -82,7 +82,10 @@ def embedding_matrix(word_index: dict[str, int], vectors: WordVectors) -> tuple[
 
 def pca_layout(states: torch.Tensor) -> np.ndarray:
     """Two-component PCA of (n_words, d) vectors: (n_words, 2)."""
-    return PCA(n_components=2).fit_transform(states.numpy())
+    # (vectors all alike have no variance: scikit-learn's share of it divides 0 by 0, a warning printed before the
+    # page's own error line about such a layout; the layout itself is computed the same)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return PCA(n_components=2).fit_transform(states.numpy())
 
 
 @dataclass
