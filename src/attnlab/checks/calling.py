@@ -92,6 +92,10 @@ class ModelUnderTest:
         # back to the CPU, where the checks compare them.
         first = next(model.parameters(), None) if isinstance(model, nn.Module) else None
         self.device = first.device if first is not None else torch.device("cpu")
+        #: A model loaded under inference_mode holds inference tensors, which autograd cannot record and only
+        #: inference_mode may update in place (batch norm's statistics in train mode): it is called in that mode.
+        self.loaded_for_inference = isinstance(model, nn.Module) and any(
+            t.is_inference() for t in (*model.parameters(), *model.buffers()))
         self.last_input: dict[str, list[list[int]]] = {}
         #: The seed the running check is on, for the evidence of an exception.
         self.seed: int | None = None
@@ -138,13 +142,8 @@ class ModelUnderTest:
         makes it: under ``no_grad`` (gradients on when the model is in train mode, as in training), on the path
         training takes (or the fast path, see :meth:`with_fast_path`), its exceptions as :class:`ModelRaised`, its
         output checked to have ``rows`` rows and moved to the CPU."""
-        module = self.model if isinstance(self.model, nn.Module) else None
-        # A model loaded under inference_mode holds inference tensors, which autograd cannot record and only
-        # inference_mode may update in place (batch norm's statistics in train mode): it is called in that mode.
-        loaded_for_inference = module is not None and any(
-            t.is_inference() for t in (*module.parameters(), *module.buffers()))
-        grad = module is not None and module.training and not loaded_for_inference
-        calling = torch.inference_mode() if loaded_for_inference else torch.set_grad_enabled(grad)
+        grad = isinstance(self.model, nn.Module) and self.model.training and not self.loaded_for_inference
+        calling = torch.inference_mode() if self.loaded_for_inference else torch.set_grad_enabled(grad)
         with calling, _fast_path(self.fast_path), self._random_streams():
             try:
                 raw = call()

@@ -25,6 +25,10 @@ from pathlib import Path
 from attnlab.errors import AttnlabError
 from attnlab.files import decode_utf8
 
+#: A line end as JSON lines and CSV files have them: \n, \r\n, or an old Mac's \r (and not the Unicode separators that
+#: str.splitlines also splits at, which a text may hold).
+LINE_END = re.compile(r"\r\n|\r|\n")
+
 JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 #: The formats in a sentence, for the commands' help.
 TABLE_FORMATS = ("CSV with a header (.tsv: tab-separated; any other name: comma-separated) or JSON lines "
@@ -70,9 +74,8 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
     if path.suffix.lower() in JSON_SUFFIXES:
         rows: list[dict[str, object]] = []
         columns: dict[str, None] = {}
-        # (split at line ends alone, \n, \r\n or an old Mac's \r, which JSON strings cannot hold raw: str.splitlines
-        # would also split inside a text at U+2028 and other separators, which json.dumps leaves as they are)
-        for lineno, line in enumerate(re.split(r"\r\n|\r|\n", raw), start=1):
+        # (JSON strings cannot hold a raw line end, but may hold U+2028 and the like, which json.dumps leaves as is)
+        for lineno, line in enumerate(LINE_END.split(raw), start=1):
             if not line.strip():
                 continue
             try:
@@ -95,7 +98,7 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
             # DictReader files surplus fields under None and fills missing ones with None: either way the row's
             # text and label would be taken from the wrong places without a word.
             if None in row or None in row.values():
-                lines = re.split(r"\r\n|\r|\n", raw.rstrip("\r\n"))
+                lines = LINE_END.split(raw.rstrip("\r\n"))
                 record = "\n".join(lines[ended:reader.line_num])
                 if reader.line_num >= len(lines) and reader.line_num - ended > 1 and _unclosed_quote(record, delimiter):
                     # this record runs to the end of the file inside a quote: one opened and never closed took in

@@ -280,16 +280,21 @@ def has_checkpoint(run_dir: str | Path) -> bool:
     return (Path(run_dir) / CHECKPOINT / "trainer.json").is_file()
 
 
+def _step_count(trainer: Any) -> int:
+    """The step of a checkpoint's counters; ValueError unless it is a count (a schedule at step "5" or -5 is no run's)."""
+    step = trainer.get("step") if isinstance(trainer, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"trainer.json's step is {step!r}, not a count of steps")
+    return step
+
+
 def checkpoint_progress(run_dir: str | Path) -> tuple[int, float, bool]:
     """(step, training seconds, stopped early) of ``RUN/checkpoint/``: how far the run had got when it was last
     saved, and whether early stopping had ended it there."""
     path = Path(run_dir) / CHECKPOINT / "trainer.json"
     try:
         trainer = json.loads(path.read_text(encoding="utf-8"))["trainer"]
-        step = trainer["step"]
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"trainer.json's step is {step!r}, not a count of steps")
-        return step, float(trainer["elapsed"]), bool(trainer.get("stopped_early", False))
+        return _step_count(trainer), float(trainer["elapsed"]), bool(trainer.get("stopped_early", False))
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         raise AttnlabError(f"checkpoint in {path.parent} is damaged: {err}") from err
 
@@ -401,7 +406,8 @@ def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.opti
     for group, own in zip(optimizer.param_groups, settings, strict=True):
         group.update(own)
     counters = meta.get("trainer")
-    step = counters.get("step") if isinstance(counters, dict) else None
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:  # a schedule at step "5" or -5 is no run's
-        raise AttnlabError(f"checkpoint in {folder} is damaged: trainer.json's step is {step!r}, not a count of steps")
+    try:
+        _step_count(counters)
+    except ValueError as err:
+        raise AttnlabError(f"checkpoint in {folder} is damaged: {err}") from err
     return counters
