@@ -1,5 +1,9 @@
 """Fixtures shared by several test modules."""
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -24,3 +28,25 @@ def children_keep_temp_files_here(tmp_path_factory):
     patch.setenv("TMPDIR", str(folder))
     yield folder
     patch.undo()
+
+
+@pytest.fixture
+def held_elsewhere():
+    """Lock a folder from another process, as a training there would; the process ends with the test."""
+    holders = []
+
+    def hold(folder):
+        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+            import fcntl, os, sys, time
+            fcntl.flock(os.open(sys.argv[1], os.O_RDONLY), fcntl.LOCK_EX)
+            print("held", flush=True)
+            time.sleep(600)
+        """), str(folder)], stdout=subprocess.PIPE, text=True)
+        holders.append(proc)
+        assert proc.stdout.readline() == "held\n"
+
+    yield hold
+    for proc in holders:
+        proc.kill()
+        proc.wait()
+

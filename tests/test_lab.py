@@ -298,7 +298,8 @@ def test_malformed_glove_file(tmp_path, content, fragment):
     assert_no_report(tmp_path)
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # numpy's overflow warning printed before the error line
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e39", "-3.5e38"])  # the last two: past float32's range
 def test_a_vector_that_is_not_finite_is_refused_by_line(tmp_path, value):
     path = tmp_path / "bad.txt"
     vectors = small_vectors()

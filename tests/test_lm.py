@@ -685,6 +685,19 @@ def test_a_table_into_a_closed_pipe_ends_with_sigpipes_status_not_a_checks_failu
     assert "error" not in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("command", [["generate", "{run}", "--prompt", "the", "--max-new-tokens", "3"],
+                                     ["check", "{run}", "--seeds", "1"], ["summary", "--preset", "tiny-router"],
+                                     ["--help"]])
+def test_a_command_started_with_stdout_closed_says_so_instead_of_exiting_0_with_nothing_shown(run, command):
+    # ``attnlab ... >&-``: Python leaves sys.stdout None, and click and rich dropped every line silently.
+    args = [arg.format(run=run[0]) for arg in command]
+    proc = subprocess.run([sys.executable, "-m", "attnlab.cli.main", *args], stdin=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, timeout=300, preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 2
+    assert proc.stderr == ("error: standard output is closed (started with '>&-'): this command writes its output "
+                           "there\n")
+
+
 def test_gradient_accumulation_steps_take_that_many_micro_batches(run, tmp_path):
     """--grad-accum 2: each of the 20 steps reads two micro-batches of 16 windows, as nanoGPT's accumulation does."""
     text = run[0].parent / "fox.txt"
@@ -831,3 +844,19 @@ def test_a_resume_reads_past_damaged_metrics_lines_and_refuses_a_step_that_is_no
     trainer.write_text(json.dumps(saved))
     refused = invoke("train", "lm", "--text", text, "--out", tmp_path / "step", "--resume", "--no-progress")
     assert refused.exit_code == 2 and "trainer.json's step is '1', not a count of steps" in refused.stderr
+
+
+def test_a_run_another_process_trains_in_is_refused_and_left_as_it_is(run, tmp_path, held_elsewhere):
+    import shutil
+
+    busy = tmp_path / "busy"
+    shutil.copytree(run[0], busy)
+    before = {p: p.read_bytes() for p in busy.rglob("*") if p.is_file()}
+    held_elsewhere(busy)  # a training in progress there (or torchrun workers left behind)
+    text = run[0].parent / "fox.txt"
+    for extra in (["--resume", "--steps", "120"], []):
+        result = invoke("train", "lm", "--text", text, "--out", busy, "--no-progress", *extra)
+        assert result.exit_code == 2 and result.stderr == (
+            f"error: {busy} is in use: another attnlab process is training into it (after a killed torchrun, its "
+            "workers may still be running); let it end or stop it, or choose another --out\n")
+    assert {p: p.read_bytes() for p in busy.rglob("*") if p.is_file()} == before

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from attnlab.errors import AttnlabError
+from attnlab.files import holding_run_folder
 from attnlab.nn import DecoderLM
 from attnlab.training import Schedule, TrainConfig, Trainer, TrainingError, seed_everything
 from attnlab.training.checkpoint import (
@@ -26,6 +27,7 @@ from attnlab.training.checkpoint import (
     save_weights,
     write_run_config,
 )
+from attnlab.training.engine import train_or_forget
 from launch import free_port
 from toy_task import ToyTask
 
@@ -489,3 +491,37 @@ def test_a_new_length_is_said_as_a_re_planned_rate_only_where_the_length_enters_
         assert length_changed(before, after, 100).endswith(
             f"its {kind} learning-rate schedule does not depend on the length, so it goes on as a fresh run of 200 "
             "steps would")
+
+
+def test_a_folder_another_process_trains_in_is_refused_and_its_run_left_whole(tmp_path, held_elsewhere):
+    out = tmp_path / "run"
+    out.mkdir()
+    write_run_config(out, {"task": "toy"})  # that process's run, before its first checkpoint
+    held_elsewhere(out)
+    task = ToyTask(batch_size=8)
+    with pytest.raises(AttnlabError, match=f"^{out} is in use: another attnlab process is training into it"):
+        train_or_forget(task.model(0.0), task, TrainConfig(max_steps=2, progress=False), out, resume=False,
+                        existed=True, task_files=[])
+    # A run that fails before its first checkpoint removes its files: not the other process's.
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]
+
+
+
+def lockable_by_another_process(folder) -> bool:
+    probe = subprocess.run([sys.executable, "-c", "import fcntl, os, sys; fcntl.flock(os.open(sys.argv[1], os.O_RDONLY), "
+                            "fcntl.LOCK_EX | fcntl.LOCK_NB)", str(folder)], capture_output=True, text=True)
+    assert probe.returncode == 0 or "BlockingIOError" in probe.stderr, probe.stderr
+    return probe.returncode == 0
+
+
+def test_holds_of_one_process_share_the_folder_lock_and_the_last_one_out_lets_it_go(tmp_path):
+    out = tmp_path / "run"
+    with holding_run_folder(out):  # not made yet: nothing to lock
+        out.mkdir()
+        assert lockable_by_another_process(out)
+        with holding_run_folder(out):  # made since: locked now, and this process's own hold is no refusal
+            with holding_run_folder(out):
+                pass
+            assert not lockable_by_another_process(out)  # still held after the inner hold ended
+        assert not lockable_by_another_process(out)  # the outer hold keeps it from the inner one's take on
+    assert lockable_by_another_process(out)  # let go

@@ -24,6 +24,11 @@ from typing import Any
 
 from attnlab.errors import AttnlabError
 
+try:
+    import fcntl
+except ImportError:  # Windows: run folders are not locked there
+    fcntl = None  # type: ignore[assignment]
+
 
 def decode_utf8(data: bytes, name: str | Path, *, bom: bool = False) -> str:
     """``data`` decoded as UTF-8, or an error naming ``name`` and the line of the first bad byte.
@@ -297,3 +302,53 @@ def ensure_writable_dir(path: str | Path) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise AttnlabError(f"folder {path} is not writable")
     return path
+
+
+
+#: run folder (real path) -> [its locked descriptor (None while the folder does not exist), holders in this process]
+_HELD: dict[str, list] = {}
+
+
+@contextmanager
+def holding_run_folder(folder: str | Path, *, writer: bool = True) -> Iterator[None]:
+    """Hold an exclusive lock on a run folder while this process trains into it.
+
+    Two trainings in one folder (a second ``--resume`` while the first still runs, or torchrun workers left
+    running after their launcher was killed) would write each other's checkpoints and metrics. The lock is
+    ``flock`` on the folder itself, so nothing is added to it, and the kernel lets it go when the process ends,
+    however it ends. Only the process that writes the run (``writer``: rank 0) takes it. Nested holds in one
+    process share the lock, and a folder that does not exist yet is locked by the first hold entered once it
+    does (the task holds it from its first check; the engine's hold around training locks a folder made since).
+
+    Raises:
+        AttnlabError: another process holds the folder.
+    """
+    if not writer or fcntl is None:  # (Windows has no flock: its run folders are not locked)
+        yield
+        return
+    key = os.path.realpath(folder)
+    held = _HELD.setdefault(key, [None, 0])
+    held[1] += 1
+    try:
+        if held[0] is None and os.path.isdir(key):
+            held[0] = _lock_folder(key, folder)
+        yield
+    finally:
+        held[1] -= 1
+        if held[1] == 0:
+            del _HELD[key]
+            if held[0] is not None:
+                os.close(held[0])  # closing the descriptor lets the lock go
+
+
+def _lock_folder(path: str, name: str | Path) -> int:
+    """A descriptor of folder ``path`` holding its ``flock``; an error naming ``name`` if another process has it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise AttnlabError(f"{name} is in use: another attnlab process is training into it (after a killed "
+                           "torchrun, its workers may still be running); let it end or stop it, or choose another "
+                           "--out") from None
+    return fd

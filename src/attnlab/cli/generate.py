@@ -113,8 +113,6 @@ def _generate(model: DecoderLM, tokenizer: Tokenizer, prompt: str, prompt_ids: l
     tokens = generate(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                       greedy=greedy, seed=seed, use_cache=use_cache, banned=[tokenizer.pad_id])
     out = sys.stdout
-    if out is None:  # started with standard output closed (``>&-``): the text has nowhere to go
-        raise AttnlabError("standard output is closed: generate writes its text there")
     out.write(prompt)
     out.flush()
     count, written, stopped = 0, "", None

@@ -8,6 +8,7 @@ stderr, ``error: ...``, and exit status 2; never a stack trace.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import select
@@ -71,6 +72,9 @@ class _MainGroup(LazyGroup):
             sys.exit(err.exit_code)
         except click.Abort as err:  # Click's form of KeyboardInterrupt (Ctrl-C) and of Terminated
             _exit_interrupted(err)
+        except AttnlabError as err:  # raised outside a command: the help text written to a closed stdout
+            _error(str(err))
+            sys.exit(2)
         sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -152,9 +156,37 @@ def _exit_interrupted(err: BaseException) -> None:
     sys.exit(128 + (signal.SIGTERM if terminated else signal.SIGINT))
 
 
+class _ClosedStdout(io.TextIOBase):
+    """``sys.stdout`` for a command started with standard output closed (``attnlab ... >&-``).
+
+    Python leaves ``sys.stdout`` None then, and click and rich drop every line written to it without a word: a
+    command would exit 0 having shown nothing. Writing raises instead, so the command stops with one error line.
+    """
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise AttnlabError("standard output is closed (started with '>&-'): this command writes its output there")
+
+
+def _stand_in_for_closed_stdout() -> None:
+    """Give a closed standard output a stand-in that raises on the first write (:class:`_ClosedStdout`)."""
+    if sys.stdout is not None:
+        return
+    # Descriptor 1 is free: hold it with /dev/null, or the next file opened (a checkpoint being written) would take
+    # it and receive whatever a C library prints to standard output.
+    held = os.open(os.devnull, os.O_WRONLY)
+    if held != 1:
+        os.dup2(held, 1)
+        os.close(held)
+    sys.stdout = _ClosedStdout()
+
+
 def main() -> None:
     """Console-script entry point."""
     signal.signal(signal.SIGTERM, _terminated)
+    _stand_in_for_closed_stdout()
     if _rank_prefix():  # under torchrun the first process reports; the others' output would repeat it
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (open for the life of the process)
     try:

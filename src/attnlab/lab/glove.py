@@ -104,6 +104,12 @@ def width_from_name(path: str | Path) -> int | None:
     return int(found[-1]) if found else None
 
 
+def _floats(fields: list[str]) -> np.ndarray:
+    """The (len(fields),) float32 vector of a line's number fields; raises ValueError if one is not a number."""
+    with np.errstate(over="ignore"):  # a value past float32's range becomes inf, refused as not finite
+        return np.array(fields, dtype=np.float32)
+
+
 def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) -> WordVectors:
     """Stream a GloVe text file and keep the vectors of ``words``.
 
@@ -141,7 +147,7 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
                         raise AttnlabError(f"{path}:{lineno}: no numbers after the word {word[:40]!r}; "
                                            "not a GloVe text file (expected 'word v1 v2 ... vd' per line)")
                     try:  # the first vector sets the width, so it must be one (later lines are parsed lazily)
-                        np.array(fields, dtype=np.float32)
+                        _floats(fields)
                     except ValueError as err:
                         raise AttnlabError(f"{path}:{lineno}: the values for {word[:40]!r} are not all numbers; "
                                            "not a GloVe text file (expected 'word v1 v2 ... vd' per line)") from err
@@ -158,12 +164,12 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
                 count += 1
                 if word in wanted and word not in vectors:
                     try:
-                        vectors[word] = np.array(rest.split(), dtype=np.float32)
+                        vectors[word] = _floats(rest.split())
                     except ValueError as err:
                         raise AttnlabError(f"{path}:{lineno}: the values for {word!r} are not all numbers") from err
                     if not np.isfinite(vectors[word]).all():  # numpy reads "nan" and "inf" as numbers
                         raise AttnlabError(f"{path}:{lineno}: the vector for {word!r} holds a value that is not "
-                                           "finite (nan or inf)")
+                                           "finite (nan or inf, or past float32's range)")
     except UnicodeDecodeError as err:
         raise AttnlabError(f"{path} is not a UTF-8 text file (a GloVe file is plain text: "
                            f"'word v1 v2 ... vd' per line); byte {err.start} cannot be decoded") from err

@@ -55,7 +55,7 @@ from attnlab.training.checkpoint import (
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
-from attnlab.training.engine import config_dict, to_device, train_or_forget
+from attnlab.training.engine import config_dict, holds_run_folder, to_device, train_or_forget
 from attnlab.training.schedules import length_changed
 
 TOKENIZER_FILE, RESULT_FILE = "tokenizer.json", RESULT
@@ -415,6 +415,7 @@ def _time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySett
     return max(train for train, _ in timings) + timings[0][1]
 
 
+@holds_run_folder
 def train_classifier(
     train_path: str | Path,
     out: str | Path,

@@ -61,7 +61,7 @@ from attnlab.training.checkpoint import (
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
-from attnlab.training.engine import METRICS_FILE, config_dict, has_fast_bf16, train_or_forget
+from attnlab.training.engine import METRICS_FILE, config_dict, has_fast_bf16, holds_run_folder, train_or_forget
 from attnlab.training.schedules import length_changed
 
 
@@ -258,6 +258,7 @@ def _notes(settings: LMSettings, data: LMData, requested: dict[str, Any]) -> lis
     return notes
 
 
+@holds_run_folder
 def train_language_model(
     text: str | Path,
     out: str | Path,

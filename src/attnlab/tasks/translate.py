@@ -64,7 +64,7 @@ from attnlab.training.checkpoint import (
 )
 from attnlab.training.checkpoint import build_model as rebuild_model
 from attnlab.training.distributed import Place, is_main_process, shard
-from attnlab.training.engine import config_dict, train_or_forget
+from attnlab.training.engine import config_dict, holds_run_folder, train_or_forget
 from attnlab.training.schedules import length_changed
 
 TASK = "translate"
@@ -366,6 +366,7 @@ def _resumed_config(out: Path, run_cfg: dict[str, Any], saved: TranslateSettings
     return resumed
 
 
+@holds_run_folder
 def train_translation(
     *,
     train: str | Path,

@@ -26,6 +26,8 @@ micro-batches, all processes), so accumulation and DDP give the gradient of one 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import json
 import math
 import numbers
@@ -42,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from attnlab.errors import AttnlabError
-from attnlab.files import refuse_non_folder, write_text_atomic
+from attnlab.files import holding_run_folder, refuse_non_folder, write_text_atomic
 from attnlab.training import distributed
 from attnlab.training.checkpoint import (
     CONFIG,
@@ -524,15 +526,33 @@ def train_or_forget(model: nn.Module, task: Task, config: TrainConfig, out: Path
     metrics and their plot, and ``task_files`` (its tokenizers); the folder too when the run created it
     (``existed`` False) and nothing else is in it. Ctrl-C is not a failure: a resume restarts such a run.
     """
-    try:
-        return run_training(model, task, config, out, resume=resume, on_resumed=on_resumed)
-    except Exception:
-        if not has_checkpoint(out) and distributed.is_main_process():
-            for name in (CONFIG, WEIGHTS, METRICS_FILE, LOSS_PLOT, *task_files):
-                (out / name).unlink(missing_ok=True)
-            if not existed and out.is_dir() and not any(out.iterdir()):
-                out.rmdir()
-        raise
+    # Held around the training (a folder made since the task's first check is locked now), and entered before the
+    # try: a run refused because another process trains in the folder must not delete that run's files.
+    with holding_run_folder(out, writer=distributed.is_main_process()):
+        try:
+            return run_training(model, task, config, out, resume=resume, on_resumed=on_resumed)
+        except Exception:
+            if not has_checkpoint(out) and distributed.is_main_process():
+                for name in (CONFIG, WEIGHTS, METRICS_FILE, LOSS_PLOT, *task_files):
+                    (out / name).unlink(missing_ok=True)
+                if not existed and out.is_dir() and not any(out.iterdir()):
+                    out.rmdir()
+            raise
+
+
+def holds_run_folder(train: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a task's training function, whose ``out`` argument is its run folder, to hold the folder's lock
+    (:func:`~attnlab.files.holding_run_folder`) from its first check to its return: a second training in the
+    folder is refused before it reads or writes anything there."""
+    signature = inspect.signature(train)
+
+    @functools.wraps(train)
+    def holding(*args: Any, **kwargs: Any) -> Any:
+        out = signature.bind(*args, **kwargs).arguments["out"]
+        with holding_run_folder(out, writer=distributed.is_main_process()):
+            return train(*args, **kwargs)
+
+    return holding
 
 
 def config_dict(config: TrainConfig) -> dict[str, Any]:
