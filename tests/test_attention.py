@@ -352,8 +352,12 @@ def test_half_precision_attention_on_the_cpu_is_written_out_with_a_float32_softm
     torch.testing.assert_close(probs.float().sum(-1), torch.ones(4), rtol=0, atol=0.01)
 
 
-def test_float16_attention_on_the_cpu_stays_on_the_fused_kernel_where_large_scores_stay_finite():
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_float16_attention_with_scores_past_float16s_range_stays_finite_on_both_paths(need_weights):
     q = k = torch.full((1, 1, 4, 64), 40.0, dtype=torch.float16)  # q.k = 102,400: past float16's 65,504
-    out, _ = scaled_dot_product_attention(q, k, torch.ones(1, 1, 4, 64, dtype=torch.float16),
-                                          attend_mask=causal_mask(4))
-    assert torch.isfinite(out).all()
+    v = torch.arange(4 * 64, dtype=torch.float16).reshape(1, 1, 4, 64) / 256
+    out, weights = scaled_dot_product_attention(q, k, v, attend_mask=causal_mask(4), need_weights=need_weights)
+    expected, _ = scaled_dot_product_attention(q.float(), k.float(), v.float(), attend_mask=causal_mask(4))
+    torch.testing.assert_close(out.float(), expected, rtol=0.01, atol=0.01)  # (the weights path gave NaN)
+    if need_weights:
+        torch.testing.assert_close(weights[0, 0, -1].float(), torch.full((4,), 0.25))

@@ -221,7 +221,7 @@ def test_converters_back_out_refuse_masks_that_are_not_bool():
         to_additive_mask(causal_mask(3).float())
 
 
-@pytest.mark.parametrize("args", [(-1,), (2.5,), (3, 4.0)])
+@pytest.mark.parametrize("args", [(-1,), (2.5,), (3, 4.0), (True,), (2, True)])
 def test_causal_mask_of_a_non_length_is_named(args):
     from attnlab.nn import causal_mask
 
@@ -247,3 +247,14 @@ def test_from_hf_attention_mask_names_itself_and_a_converter_that_fits_a_mask_of
     assert from_key_padding_mask(additive)[0, 0, 0].tolist() == [True, True, False]  # the one advised fits
     with pytest.raises(AttnlabError, match=r"^from_hf_attention_mask takes a mask of 0s and 1s"):
         from_hf_attention_mask(torch.tensor([[1, 2]]))
+
+
+def test_a_mask_of_one_key_is_refused_for_scores_of_several_keys_not_broadcast_over_them():
+    # The likeliest way here: the padding mask of one decoding step's ids while the cache holds earlier keys.
+    mha = MultiHeadAttention(8, 2).eval()
+    x = torch.randn(2, 5, 8)
+    with pytest.raises(AttnlabError, match=r"attend_mask has shape \(2, 1, 1, 1\): one key, for scores of shape "
+                                           r"\(2, 2, 5, 5\) with 5 keys"):
+        mha(x, attend_mask=torch.ones(2, 1, 1, 1, dtype=torch.bool))
+    out, _ = mha(x[:, :1], x, attend_mask=torch.ones(2, 1, 1, 5, dtype=torch.bool))  # one query: its axis may be 1
+    assert out.shape == (2, 1, 8)

@@ -18,6 +18,7 @@ from attnlab.nn import (
     padding_mask,
 )
 from attnlab.nn.masks import cached_causal_mask
+from attnlab.nn.positions import RotaryEmbedding
 from attnlab.presets import build_preset
 
 
@@ -277,6 +278,48 @@ def test_transformer_cached_decoding_matches_full_decoding():
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
 
 
+def test_a_decoding_step_refused_part_way_leaves_every_cache_as_it_was():
+    torch.manual_seed(0)
+    model = Transformer(30, 30, 32, 2, 4, 64, num_decoder_layers=2, dropout=0.0).eval()
+    src, tgt = torch.tensor([[4, 5, 6, 0], [7, 8, 0, 0]]), torch.tensor([[1, 7], [1, 9]])
+    memory, memory_mask = model.encode(src)
+    full, _ = model.decode(tgt, memory, memory_attend_mask=memory_mask)
+    caches = model.new_caches()
+    first, _ = model.decode(tgt[:, :1], memory, memory_attend_mask=memory_mask, caches=caches)
+    held = [(cache.k, cache.v) for pair in caches for cache in pair]
+    # Layer 0's self-attention takes the step before its cross-attention refuses the mask of one key too few.
+    with pytest.raises(AttnlabError, match="does not broadcast to the scores' shape"):
+        model.decode(tgt[:, 1:], memory, memory_attend_mask=memory_mask[..., :3], caches=caches)
+    assert all(cache.k is k and cache.v is v for cache, (k, v) in zip((c for p in caches for c in p), held))
+    second, _ = model.decode(tgt[:, 1:], memory, memory_attend_mask=memory_mask, caches=caches)  # the retry
+    torch.testing.assert_close(torch.cat([first, second], dim=1), full, atol=1e-5, rtol=0)
+
+
+def test_caches_of_different_lengths_are_refused_not_read_from_the_first_ones_length():
+    lm = DecoderLM(20, 16, 2, 2, max_positions=8).eval()
+    caches = lm.new_caches()
+    lm(torch.tensor([[1, 2]]), caches=caches)
+    caches[1].k, caches[1].v = caches[1].k[..., :1, :], caches[1].v[..., :1, :]  # one layer's cache cut short
+    with pytest.raises(AttnlabError, match=r"the layers' caches hold different numbers of positions \(\[2, 1\]\)"):
+        lm(torch.tensor([[4]]), caches=caches)
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "learned"])
+def test_a_model_built_on_the_meta_device_runs_shapes_and_loads_its_weights_after_reset_parameters(positions):
+    torch.manual_seed(0)
+    ids = torch.tensor([[1, 2, 3], [4, 5, 0]])
+    made = DecoderLM(20, 16, 2, 2, max_positions=8, positions=positions, pad_id=0).eval()
+    with torch.device("meta"):
+        empty = DecoderLM(20, 16, 2, 2, max_positions=8, positions=positions, pad_id=0).eval()
+    assert empty(ids.to("meta")).shape == (2, 3, 20)  # shape inference: the id checks leave the values unread
+    empty.to_empty(device="cpu")
+    for module in empty.modules():  # torch's convention after to_empty: each module sets itself up again
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    empty.load_state_dict(made.state_dict())  # the position tables are not in it: they were computed again
+    torch.testing.assert_close(empty(ids), made(ids), atol=0, rtol=0)
+
+
 def test_tied_and_shared_embeddings():
     model = Transformer(40, 40, 16, 1, 2, 32, share_embeddings=True, tie_output=True)
     assert model.output.weight is model.encoder.embed.tokens.weight
@@ -295,6 +338,7 @@ def test_tied_and_shared_embeddings():
     # An empty feed-forward would add nothing to the residual stream, silently.
     (lambda: DecoderLM(20, 8, 1, 2, d_ff=0), "d_ff must be a whole number >= 1, got 0"),
     (lambda: Transformer(20, 22, 8, 1, 2, 16.0), "d_ff must be a whole number >= 1, got 16.0"),
+    (lambda: RotaryEmbedding(8, -1), "max_positions must be a whole number >= 1, got -1"),
 ])
 def test_models_that_cannot_be_built_as_asked_are_refused(make, message):
     with pytest.raises(AttnlabError, match=message):

@@ -1,11 +1,14 @@
 """Scaled dot-product attention and multi-head attention.
 
 ``Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + M) V``, where ``M`` hides the keys that the attend
-mask marks ``False``. Two implementations give the same output:
+mask marks ``False``. Two implementations give the same output, up to rounding:
 
 * :func:`attention_reference` writes the formula out and can return the weights;
-* the fused ``torch.nn.functional.scaled_dot_product_attention`` is used whenever the weights are not
-  asked for (as in nanoGPT's ``model.py``: fast path first, the readable one beside it).
+* the fused ``torch.nn.functional.scaled_dot_product_attention`` is used when the weights are not asked
+  for (as in nanoGPT's ``model.py``: fast path first, the readable one beside it), except on the CPU under
+  ``torch.compile`` or in bfloat16, where the written-out path is faster (see
+  :func:`scaled_dot_product_attention`). In bfloat16 that path rounds the scores to bfloat16 before its
+  float32 softmax, so it is less accurate than the fused kernel, which keeps them in float32.
 
 A query row whose keys are *all* hidden (a padding query under causal-plus-padding masking) would be
 ``softmax`` of all ``-inf``, i.e. 0/0 = NaN. Both paths give such a row zero weight and a zero output.
@@ -17,7 +20,9 @@ pair one query sequence with three unrelated key sequences and still return a te
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -97,8 +102,9 @@ def attention_reference(
             mask is not a valid attend mask for the scores.
     """
     check_qkv(q, k, v)
-    # Dividing by sqrt(d_k) brings the scores back to unit variance so the softmax does not saturate.
-    scores = q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])  # (..., Q, K)
+    # Dividing by sqrt(d_k) brings the scores back to unit variance so the softmax does not saturate. It is
+    # applied to q, before the product: float16 scores of unscaled vectors overflow to inf (as torch's math path).
+    scores = (q / math.sqrt(k.shape[-1])) @ k.transpose(-2, -1)  # (..., Q, K)
     weights = masked_softmax(scores, attend_mask=attend_mask)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
@@ -125,7 +131,6 @@ def scaled_dot_product_attention(
     where the CPU's fused kernel is slow backward and the batched matmuls are not (a step of the
     ``shakespeare-fast`` preset under bfloat16 autocast 1.7x faster; issue 6).
     """
-    # (float16 stays fused: its scores would overflow to inf before the division by sqrt(d_k) in the written-out path)
     written_out = q.device.type == "cpu" and (torch.compiler.is_compiling() or q.dtype == torch.bfloat16)
     if need_weights or written_out:
         out, weights = attention_reference(q, k, v, attend_mask=attend_mask, dropout_p=dropout_p)  # checks there
@@ -207,7 +212,8 @@ class KVCache:
         return 0 if self.k is None else self.k.shape[-2]
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add new positions and return all keys and values seen so far."""
+        """Add new positions, (batch, heads, new, head_dim) each, and return all keys and values seen so far,
+        (batch, heads, seen + new, head_dim)."""
         if self.k is not None and k.shape[0] != self.k.shape[0]:  # torch.cat would name only tensor sizes
             raise AttnlabError(f"this cache holds a batch of {self.k.shape[0]}, the new positions a batch of "
                                f"{k.shape[0]}; one cache follows one batch (reorder() keeps a subset of its rows)")
@@ -216,9 +222,33 @@ class KVCache:
         return self.k, self.v
 
     def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (beam search reorders hypotheses between steps)."""
+        """Keep batch rows ``index``, (rows,) long (beam search reorders hypotheses between steps)."""
         if self.k is not None and self.v is not None:
             self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+
+@contextlib.contextmanager
+def restored_on_error(caches: Sequence[KVCache]) -> Iterator[None]:
+    """Put ``caches`` back as they were if the step run inside fails part-way.
+
+    Layers before the one that refused the step (a mask of the wrong shape, say) would keep its positions
+    and the later layers would not: a corrected retry would then attend to keys the sequence never had and
+    return plausible, wrong numbers. Caches are never written in place (``torch.cat`` makes new tensors), so
+    keeping the old tensors is enough.
+    """
+    kept = [(cache.k, cache.v) for cache in caches]
+    try:
+        yield
+    except BaseException:
+        for cache, (k, v) in zip(caches, kept, strict=True):
+            cache.k, cache.v = k, v
+        raise
+
+
+def _check_mask_for(attend_mask: Tensor | None, q: Tensor, keys: int) -> None:
+    """Check ``attend_mask`` against the scores of (batch, heads, queries, head_dim) ``q`` and ``keys`` keys."""
+    if attend_mask is not None:
+        check_attend_mask(attend_mask, (*q.shape[:-1], keys))
 
 
 class MultiHeadAttention(nn.Module):
@@ -320,7 +350,8 @@ class MultiHeadAttention(nn.Module):
         Args:
             x: (batch, queries, d_model), the queries' source.
             memory: (batch, keys, d_model), the keys' and values' source; None for self-attention.
-            attend_mask: bool (batch or 1, heads or 1, queries or 1, keys), True = may attend.
+            attend_mask: bool (batch or 1, heads or 1, queries or 1, keys), True = may attend; with a cache,
+                keys counts the cached positions too.
             need_weights: also return the attention weights (uses the reference path).
             cache: keys and values of earlier steps, updated in place.
 
@@ -329,8 +360,9 @@ class MultiHeadAttention(nn.Module):
 
         Raises:
             AttnlabError: if ``x`` or ``memory`` is not a floating (batch, positions, d_model) tensor
-                (a bool ``memory`` is a mask passed by position), their batches differ, or the mask does
-                not fit the scores (see :func:`check_attention_inputs`).
+                (a bool ``memory`` is a mask passed by position) or their batches differ (see
+                :func:`check_attention_inputs`), or the mask does not fit the scores (see
+                :func:`~attnlab.nn.masks.check_attend_mask`).
         """
         check_attention_inputs(x, memory, self.d_model)
         if memory is None:  # self-attention: q, k and v from one matmul, faster than three
@@ -339,6 +371,8 @@ class MultiHeadAttention(nn.Module):
                 offset = 0 if cache is None else len(cache)
                 q, k = self.rotary(q, offset), self.rotary(k, offset)
             if cache is not None:
+                # The mask is checked before the cache grows: a refused step must leave the cache as it was.
+                _check_mask_for(attend_mask, q, len(cache) + k.shape[-2])
                 k, v = cache.append(k, v)
         else:
             if self.rotary is not None:  # skipping it silently would leave the layer without positions
@@ -350,6 +384,7 @@ class MultiHeadAttention(nn.Module):
             else:
                 k, v = self._project(memory, 1, 2)
                 if cache is not None:
+                    _check_mask_for(attend_mask, q, k.shape[-2])
                     cache.append(k, v)
         dropout_p = self.dropout if self.training else 0.0
         out, weights = scaled_dot_product_attention(

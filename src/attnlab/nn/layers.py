@@ -16,7 +16,7 @@ from collections.abc import Callable
 from torch import Tensor, nn
 
 from attnlab.errors import AttnlabError, check_count
-from attnlab.nn.attention import KVCache, MultiHeadAttention, check_attention_inputs
+from attnlab.nn.attention import KVCache, MultiHeadAttention, check_attention_inputs, restored_on_error
 from attnlab.nn.positions import RotaryEmbedding
 
 #: The feed-forward activations by name: ReLU in the paper, GELU in GPT-2 and BERT.
@@ -200,6 +200,7 @@ class DecoderLayer(nn.Module):
             )
             return out
 
-        x = self.self_block(x, attend_self)
-        x = self.cross_block(x, attend_memory)
+        with restored_on_error([cache for cache in (self_cache, memory_cache) if cache is not None]):
+            x = self.self_block(x, attend_self)
+            x = self.cross_block(x, attend_memory)  # (a refusal here must take back the self-attention's step)
         return self.ffn_block(x, self.ffn), self_w, cross_w

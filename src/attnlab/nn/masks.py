@@ -93,7 +93,8 @@ def causal_mask(num_queries: int, num_keys: int | None = None, device: torch.dev
     """
     num_keys = num_queries if num_keys is None else num_keys
     whole = int | torch.SymInt  # SymInt: a shape under torch.compile's dynamic shapes
-    if not (isinstance(num_queries, whole) and isinstance(num_keys, whole) and num_queries >= 0):
+    if isinstance(num_queries, bool) or isinstance(num_keys, bool) or not (
+            isinstance(num_queries, whole) and isinstance(num_keys, whole) and num_queries >= 0):
         raise AttnlabError(f"causal mask takes whole numbers of queries and keys, got {num_queries!r} and {num_keys!r}")
     if num_keys < num_queries:
         raise AttnlabError(f"causal mask needs at least as many keys as queries, got {num_keys} < {num_queries}")
@@ -124,8 +125,10 @@ def decoder_self_mask(ids: Tensor, pad_id: int = 0) -> Tensor:
 def check_attend_mask(mask: Tensor, scores_shape: Sequence[int]) -> None:
     """Raise :class:`AttnlabError` unless ``mask`` is a valid attend mask for these scores.
 
-    Valid means: dtype bool, the same rank as the scores, and every dimension either 1 or equal to the
-    scores' dimension, so that broadcasting can neither add dimensions nor pair the wrong rows.
+    Valid means: dtype bool, the same rank as the scores, every dimension either 1 or equal to the scores'
+    dimension, so that broadcasting can neither add dimensions nor pair the wrong rows, and the last one (the
+    keys) equal: a mask of one key would hide or show every key at once (a padding mask built from one
+    decoding step's ids while the cache holds the earlier keys, say).
     """
     if not isinstance(mask, Tensor):
         raise AttnlabError(f"attend_mask must be a torch.Tensor, got {type(mask).__name__}")
@@ -153,6 +156,9 @@ def check_attend_mask(mask: Tensor, scores_shape: Sequence[int]) -> None:
                 f"attend_mask has shape {tuple(mask.shape)} which does not broadcast to the scores' "
                 f"shape {scores_shape} (axis {axis}: {m} vs {s})"
             )
+    if mask.shape[-1] != scores_shape[-1]:
+        raise AttnlabError(f"attend_mask has shape {tuple(mask.shape)}: one key, for scores of shape {scores_shape} "
+                           f"with {scores_shape[-1]} keys; a mask marks every key (with a cache, the cached ones too)")
 
 
 def from_keep_mask(mask: Tensor) -> Tensor:

@@ -21,13 +21,13 @@ from torch import Tensor, nn
 from attnlab.errors import AttnlabError
 from attnlab.nn.attention import KVCache
 from attnlab.nn.masks import cached_causal_mask, causal_mask, decoder_self_mask, padding_mask
-from attnlab.nn.stacks import Decoder, Encoder, PositionKind, check_id_batch
+from attnlab.nn.stacks import Decoder, Encoder, PositionKind, check_id_batch, values_unreadable
 
 
 def refuse_cached_padding(ids: Tensor, pad_id: int) -> None:
     """Refuse padding in positions fed through a KV cache: a cache cannot un-see a key, so the padding mask
-    of later steps could not hide it (greedy and beam search never feed padding)."""
-    if bool((ids == pad_id).any()):
+    of later steps could not hide it (greedy and beam search never feed padding). ``ids``: (batch, new)."""
+    if not values_unreadable(ids) and bool((ids == pad_id).any()):
         raise AttnlabError(f"ids hold the padding id {pad_id}, which cached decoding cannot mask; "
                            "decode sequences of different lengths separately or without caches")
 

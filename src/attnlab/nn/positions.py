@@ -20,7 +20,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, check_count
 
 
 def sinusoidal_angles(num_positions: int, d: int) -> Tensor:
@@ -80,9 +80,15 @@ class SinusoidalPositions(nn.Module):
 
     def __init__(self, max_positions: int, d: int) -> None:
         super().__init__()
-        self.max_positions = max_positions
+        self.max_positions, self.d = max_positions, d
         # Not persistent: it is a pure function of (max_positions, d), so checkpoints need not carry it.
         self.register_buffer("table", sinusoidal_encoding(max_positions, d), persistent=False)
+
+    def reset_parameters(self) -> None:
+        """Compute the table again, in place (torch's convention for a model built on the ``meta`` device:
+        ``to_empty`` leaves every buffer uninitialised, and loading weights does not restore this one)."""
+        with torch.no_grad():
+            self.table.copy_(sinusoidal_encoding(self.max_positions, self.d))
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """Encodings of positions ``offset .. offset + length - 1``: (length, d)."""
@@ -124,13 +130,27 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, base: float = 10000.0) -> None:
         super().__init__()
+        check_count("head_dim", head_dim)
+        check_count("max_positions", max_positions)
         if head_dim % 2:
             raise AttnlabError(f"rotary embedding needs an even head width, got {head_dim}")
-        self.head_dim, self.max_positions = head_dim, max_positions
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
-        self.register_buffer("cos", torch.cos(angles).float(), persistent=False)  # (P, head_dim/2)
-        self.register_buffer("sin", torch.sin(angles).float(), persistent=False)
+        self.head_dim, self.max_positions, self.base = head_dim, max_positions, base
+        cos, sin = self._tables()
+        self.register_buffer("cos", cos, persistent=False)  # (P, head_dim/2)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _tables(self) -> tuple[Tensor, Tensor]:
+        """The (max_positions, head_dim/2) float32 cosines and sines, computed in float64."""
+        inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
+        angles = torch.arange(self.max_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        return torch.cos(angles).float(), torch.sin(angles).float()
+
+    def reset_parameters(self) -> None:
+        """Compute the tables again, in place (see :meth:`SinusoidalPositions.reset_parameters`)."""
+        cos, sin = self._tables()
+        with torch.no_grad():
+            self.cos.copy_(cos)
+            self.sin.copy_(sin)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """Rotate ``x`` of shape (batch, heads, seq, head_dim) as if it starts at position ``offset``."""

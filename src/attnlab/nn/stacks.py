@@ -13,22 +13,26 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import AttnlabError, check_count
-from attnlab.nn.attention import KVCache, head_width
+from attnlab.nn.attention import KVCache, head_width, restored_on_error
 from attnlab.nn.layers import DecoderLayer, EncoderLayer
 from attnlab.nn.positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions, embedding_scale
 
 PositionKind = Literal["sinusoidal", "learned", "rotary", "none"]
 
 
+def values_unreadable(ids: Tensor) -> bool:
+    """Whether checks must leave the values of ``ids`` unread: under ``torch.compile`` reading them would break
+    the graph in two (and fail ``fullgraph=True``), and a ``meta`` tensor (shape inference) has none."""
+    return ids.is_meta or torch.compiler.is_compiling()
+
+
 def check_token_ids(ids: Tensor, vocab_size: int) -> None:
-    """Raise :class:`AttnlabError` unless ``ids`` is an integer tensor of ids in ``[0, vocab_size)``."""
+    """Raise :class:`AttnlabError` unless ``ids``, (batch, seq), is an integer tensor of ids in ``[0, vocab_size)``."""
     # nn.Embedding takes int64 and int32 only; smaller integer types would pass here and fail inside torch.
     if not isinstance(ids, Tensor) or ids.dtype not in (torch.int64, torch.int32):
         kind = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
         raise AttnlabError(f"token ids must be an integer tensor (torch.long), got {kind}")
-    if ids.numel() == 0 or torch.compiler.is_compiling():
-        # Under torch.compile reading the values would break the graph in two; nn.Embedding still refuses
-        # an id out of range there, only less readably.
+    if ids.numel() == 0 or values_unreadable(ids):  # (nn.Embedding still refuses an id out of range, less readably)
         return
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
@@ -55,6 +59,10 @@ def _check_caches(caches: list[KVCache] | None, layers: int, ids: Tensor) -> Non
     held = caches[0].k
     if held is not None and ids.dim() == 2 and held.shape[0] != ids.shape[0]:
         raise AttnlabError(f"the caches hold a batch of {held.shape[0]}, but the ids have a batch of {ids.shape[0]}")
+    lengths = [len(cache) for cache in caches]
+    if len(set(lengths)) > 1:  # the positions continue from the first one's length: the others would be off
+        raise AttnlabError(f"the layers' caches hold different numbers of positions ({lengths}); one sequence's "
+                           "caches grow together: start again from model.new_caches()")
 
 
 class Embedder(nn.Module):
@@ -181,11 +189,12 @@ class Encoder(_Stack):
         offset = 0 if caches is None else len(caches[0])
         x = self.embed(ids, offset)
         weights: list[Tensor] = []
-        for i, layer in enumerate(self.layers):
-            cache = None if caches is None else caches[i]
-            x, w = layer(x, attend_mask=attend_mask, need_weights=need_weights, cache=cache)
-            if w is not None:
-                weights.append(w)
+        with restored_on_error(caches or []):  # a step refused by layer i takes back layers 0..i-1's too
+            for i, layer in enumerate(self.layers):
+                cache = None if caches is None else caches[i]
+                x, w = layer(x, attend_mask=attend_mask, need_weights=need_weights, cache=cache)
+                if w is not None:
+                    weights.append(w)
         return self.final_norm(x), weights
 
 
@@ -217,13 +226,14 @@ class Decoder(_Stack):
         offset = 0 if caches is None else len(caches[0][0])
         x = self.embed(ids, offset)
         weights: dict[str, Tensor] = {}
-        for i, layer in enumerate(self.layers):
-            self_cache, memory_cache = (None, None) if caches is None else caches[i]
-            x, self_w, cross_w = layer(
-                x, memory, self_attend_mask=self_attend_mask, memory_attend_mask=memory_attend_mask,
-                need_weights=need_weights, self_cache=self_cache, memory_cache=memory_cache,
-            )
-            if self_w is not None and cross_w is not None:
-                weights[f"decoder_layer{i + 1}_block1_self_att"] = self_w
-                weights[f"decoder_layer{i + 1}_block2_decenc_att"] = cross_w
+        with restored_on_error([cache for pair in caches or [] for cache in pair]):  # (as in Encoder.forward)
+            for i, layer in enumerate(self.layers):
+                self_cache, memory_cache = (None, None) if caches is None else caches[i]
+                x, self_w, cross_w = layer(
+                    x, memory, self_attend_mask=self_attend_mask, memory_attend_mask=memory_attend_mask,
+                    need_weights=need_weights, self_cache=self_cache, memory_cache=memory_cache,
+                )
+                if self_w is not None and cross_w is not None:
+                    weights[f"decoder_layer{i + 1}_block1_self_att"] = self_w
+                    weights[f"decoder_layer{i + 1}_block2_decenc_att"] = cross_w
         return self.final_norm(x), weights
