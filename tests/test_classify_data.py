@@ -26,7 +26,7 @@ from attnlab.tasks.classify_features import (
     token_strings,
     wordllama_table,
 )
-from attnlab.tasks.classify_models import TextClassifier, logits_with_mask
+from attnlab.tasks.classify_models import TextClassifier
 from attnlab.tasks.classify_probes import positions_zeroed, shuffle_each
 from attnlab.tasks.tables import check_classes, read_table, split_off
 from attnlab.training.distributed import Place
@@ -242,7 +242,7 @@ def test_text_classifier_shapes_mask_and_padding_invariance(kw):
     ids = pad_batch([[3, 4, 5], [2, 11, 7, 8, 9, 10]])
     logits = model(ids)
     assert logits.shape == (2, 3)
-    torch.testing.assert_close(logits, logits_with_mask(model, ids, attend_mask=padding_mask(ids)))
+    torch.testing.assert_close(logits, model.logits_with_mask(ids, attend_mask=padding_mask(ids)))
     torch.testing.assert_close(logits[0], model(ids[:1, :3])[0], atol=1e-5, rtol=1e-5)  # padding is invisible
     assert TextClassifier(**model.config).config == model.config  # config rebuilds the same model
     heads = model(ids, each_head=True)
@@ -286,8 +286,8 @@ def test_logits_with_mask_runs_the_core_classifier_like_its_forward():
     torch.manual_seed(0)
     core = EncoderClassifier(12, 3, 16, 2, 2, 32, dropout=0.0).eval()
     ids = pad_batch([[3, 4], [5, 6, 7, 8]])
-    torch.testing.assert_close(core(ids), logits_with_mask(core, ids, attend_mask=padding_mask(ids)))
-    assert not torch.allclose(core(ids)[0], logits_with_mask(core, ids, attend_mask=None)[0])
+    torch.testing.assert_close(core(ids), core.logits_with_mask(ids, attend_mask=padding_mask(ids)))
+    assert not torch.allclose(core(ids)[0], core.logits_with_mask(ids, attend_mask=None)[0])
 
 
 def test_zeroed_positions_make_order_invisible_and_come_back():

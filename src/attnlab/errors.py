@@ -22,3 +22,11 @@ def check_count(name: str, value: object, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise AttnlabError(f"{name} must be a whole number >= {minimum}, got {value!r}")
     return value
+
+
+
+def in_one_line(err: BaseException) -> str:
+    """``Type: the first line of the message``, or the type alone for an empty message: an exception (or a
+    warning, ``WarningMessage.message``) named on one line."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__

@@ -22,12 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from attnlab.errors import AttnlabError
-
-
-def _one_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+from attnlab.errors import AttnlabError, in_one_line
 
 
 def _a(value: Any) -> str:
@@ -60,7 +55,7 @@ def _import_file(path: Path) -> ModuleType:
         raise
     except BaseException as err:  # SystemExit too: sys.exit(3) would end the command silently with status 3
         sys.modules.pop(name, None)
-        raise AttnlabError(f"importing {path} failed: {_one_line(err)}") from err
+        raise AttnlabError(f"importing {path} failed: {in_one_line(err)}") from err
     return module
 
 
@@ -76,11 +71,11 @@ def _import_module(name: str) -> ModuleType:
         if err.name and (name == err.name or name.startswith(err.name + ".")):
             raise AttnlabError(f"no such module: {name} (looked in the current directory and on sys.path; "
                                f"for a file elsewhere, use path/to/file.py:factory)") from err
-        raise AttnlabError(f"importing {name} failed: {_one_line(err)}") from err
+        raise AttnlabError(f"importing {name} failed: {in_one_line(err)}") from err
     except KeyboardInterrupt:
         raise
     except BaseException as err:  # sys.exit() at import too, as in _import_file
-        raise AttnlabError(f"importing {name} failed: {_one_line(err)}") from err
+        raise AttnlabError(f"importing {name} failed: {in_one_line(err)}") from err
 
 
 def load_factory(spec: str) -> Callable[[], Any]:
@@ -116,7 +111,7 @@ def load_model(spec: str) -> Callable[..., Any]:
     except KeyboardInterrupt:
         raise
     except BaseException as err:  # sys.exit() too, as in _import_file
-        raise AttnlabError(f"factory {spec} raised {_one_line(err)}") from err
+        raise AttnlabError(f"factory {spec} raised {in_one_line(err)}") from err
     if not callable(model):
         raise AttnlabError(f"factory {spec} returned {_a(model)}, which cannot be called as a model")
     return model

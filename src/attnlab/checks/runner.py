@@ -23,7 +23,7 @@ from attnlab.checks.order import check_order_sensitivity
 from attnlab.checks.padding import check_padding_content, check_padding_invariance
 from attnlab.checks.report import CheckReport
 from attnlab.checks.result import CheckResult
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, in_one_line
 
 CheckFn = Callable[[ModelUnderTest, Sequence[int]], CheckResult]
 #: Python's own words for a call with the wrong inputs (not a TypeError that torch raises inside the model).
@@ -69,7 +69,7 @@ def run_check(name: str, mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
             return CHECKS[name](mut, seeds)
     except ModelRaised as raised:  # the model raised on an input inside its contract: that is the finding
         err = raised.error
-        what = f"the model raised {_first_line(err)}"
+        what = f"the model raised {in_one_line(err)}"
         c = mut.contract
         if isinstance(err, IndexError):  # nearly always an embedding table smaller than the ids drawn
             what += (f" [ids are drawn below vocab size {c.vocab_size} (--vocab-size), rows are up to max length "
@@ -81,7 +81,7 @@ def run_check(name: str, mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
     except OutputError as err:  # attnlab's own check of the output: the model raised nothing
         return _stopped(name, mut, str(err), {"output_error": str(err)})
     except Exception as err:  # anything else is the check's own trouble; a report beats a traceback
-        return _stopped(name, mut, f"the check stopped on {_first_line(err)}", {"check_error": _first_line(err)})
+        return _stopped(name, mut, f"the check stopped on {in_one_line(err)}", {"check_error": in_one_line(err)})
 
 
 def _refuse_uncallable(mut: ModelUnderTest) -> None:
@@ -98,7 +98,7 @@ def _refuse_uncallable(mut: ModelUnderTest) -> None:
         if _call_mismatch(err):
             call = "model(src, tgt)" if c.kind == "seq2seq" else "model(ids)"
             raise AttnlabError(f"the model cannot be called as {'an' if c.kind == 'encoder' else 'a'} {c.kind} is, "
-                               f"{call}: {_first_line(err)}; is --kind right?") from err
+                               f"{call}: {in_one_line(err)}; is --kind right?") from err
     except OutputError as err:
         raise AttnlabError(f"the checks cannot use the model's output: {err} ({mut.input_summary()})") from err
 
@@ -120,12 +120,6 @@ def _call_mismatch(err: BaseException) -> bool:
 
 #: Where ``nn.Module.__call__`` binds ``forward``'s arguments.
 TORCH_MODULE_CALL = str(Path("torch", "nn", "modules", "module.py"))
-
-
-def _first_line(err: BaseException) -> str:
-    """``Type: first line of the message`` (or the type alone for an empty message)."""
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
 
 
 def _stopped(name: str, mut: ModelUnderTest, what: str, evidence: dict[str, Any]) -> CheckResult:

@@ -24,7 +24,7 @@ from attnlab.checks.contract import KINDS, MAX_VOCAB_SIZE, MIN_MAX_LENGTH, MIN_V
 from attnlab.checks.loading import load_model
 from attnlab.checks.runner import run_checks
 from attnlab.cli.console import console as stdout_console
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, in_one_line
 from attnlab.training.checkpoint import CONFIG, load_run, read_run_config
 
 _UNSET = object()  # an option left out (None is a value of --pad-id)
@@ -61,8 +61,7 @@ def warning_lines(caught: Iterable[warnings.WarningMessage]) -> list[str]:
     """Each distinct warning once, in the order first seen: ``Category: first line of the message``."""
     lines: dict[str, None] = {}  # a dict keeps the order and drops repeats
     for w in caught:
-        text = str(w.message).strip()
-        lines[f"{w.category.__name__}: {text.splitlines()[0]}" if text else w.category.__name__] = None
+        lines[in_one_line(w.message)] = None
     return list(lines)
 
 

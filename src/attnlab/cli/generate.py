@@ -14,9 +14,10 @@ from attnlab.cli.params import FiniteFloat, PathParam, Threads
 from attnlab.data.tokenizers import UNK_ID, CharTokenizer, Tokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.nn.models import DecoderLM
-from attnlab.tasks.lm import TASK_NAME, TOKENIZER_FILE, torch_threads
+from attnlab.tasks.lm import TASK_NAME
 from attnlab.tasks.sampling import check_sampling, generate
-from attnlab.training.checkpoint import load_run
+from attnlab.training.checkpoint import TOKENIZER, load_run
+from attnlab.training.engine import torch_threads
 
 
 @click.command("generate")
@@ -54,7 +55,7 @@ def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float
         check_sampling(temperature, top_k, top_p)
     with torch_threads(threads):
         model, _ = load_run(run, task=TASK_NAME)
-        tokenizer = load_tokenizer(run / TOKENIZER_FILE, model.lm_head.out_features)
+        tokenizer = load_tokenizer(run / TOKENIZER, model.lm_head.out_features)
         prompt_ids = tokenizer.encode(prompt)
         if not prompt_ids:
             raise AttnlabError(f"--prompt {prompt!r} encodes to no tokens; give some text the model knows")

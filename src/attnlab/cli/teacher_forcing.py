@@ -33,7 +33,7 @@ def _refuse_unlike(runs: dict[str, Path]) -> None:
     other languages, or whose target tokenizers differ, cannot be compared, and are refused. Models that differ in
     more than the mask are compared with a note that says how."""
     from attnlab.errors import AttnlabError
-    from attnlab.training.checkpoint import read_run_config
+    from attnlab.training.checkpoint import TOKENIZER, read_run_config
 
     (a, run_a), (b, run_b) = runs.items()
     config_a, config_b = read_run_config(run_a, "translate"), read_run_config(run_b, "translate")
@@ -43,7 +43,7 @@ def _refuse_unlike(runs: dict[str, Path]) -> None:
                            f"{pair_b[0]} to {pair_b[1]}: the table compares the two on one validation text")
 
     def target_tokenizer(run: Path, config: dict) -> bytes:
-        path = run / config.get("settings", {}).get("tokenizers", {}).get("tgt", "tokenizer.json")
+        path = run / config.get("settings", {}).get("tokenizers", {}).get("tgt", TOKENIZER)
         try:
             return path.read_bytes()
         except OSError as err:  # said as loading the run would say it, not as tokenizers that differ

@@ -43,11 +43,11 @@ def says_how_to_continue(saves_more: str) -> Callable[[Callable[..., Any]], Call
 
 
 def _say_what_is_kept(out: Path, saves_more: str) -> None:
-    from attnlab.training.checkpoint import CONFIG, checkpoint_progress, has_checkpoint
+    from attnlab.training.checkpoint import CHECKPOINT, CONFIG, checkpoint_progress, has_checkpoint
     from attnlab.training.distributed import is_main_process
 
     if is_main_process() and has_checkpoint(out):
-        click.echo(f"the checkpoint of step {checkpoint_progress(out)[0]} is kept in {out / 'checkpoint'}; "
+        click.echo(f"the checkpoint of step {checkpoint_progress(out)[0]} is kept in {out / CHECKPOINT}; "
                    "continue with the same command and --resume", err=True)
     elif is_main_process() and (out / CONFIG).exists():
         click.echo(f"no checkpoint yet: the same command with --resume starts {out} again from step 0 "

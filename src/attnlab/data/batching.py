@@ -14,10 +14,10 @@ import torch
 from torch import Tensor
 
 
-def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> Tensor:
-    """Right-pad id lists to the longest one: (batch, longest) long."""
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int = 0, *, length: int | None = None) -> Tensor:
+    """Right-pad id lists to the longest one, or to ``length`` (at least the longest): (batch, length) long."""
     longest = max((len(s) for s in sequences), default=0)
-    out = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
+    out = torch.full((len(sequences), max(longest, length or 0)), pad_id, dtype=torch.long)
     for i, s in enumerate(sequences):
         out[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
     return out

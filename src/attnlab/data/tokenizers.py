@@ -168,14 +168,6 @@ class BPETokenizer:
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size()
 
-    @property
-    def bos_id(self) -> int:
-        return BOS_ID
-
-    @property
-    def eos_id(self) -> int:
-        return EOS_ID
-
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text).ids
 

@@ -20,6 +20,7 @@ import torch
 from scipy.spatial import procrustes
 from sklearn.decomposition import PCA
 
+from attnlab.data.batching import pad_batch
 from attnlab.errors import AttnlabError
 from attnlab.lab import figures
 from attnlab.lab.encoding import SEED_WIDTH
@@ -57,10 +58,7 @@ def pad_post(sequences: list[list[int]], max_length: int) -> torch.Tensor:
     longest = max(len(s) for s in sequences)
     if max_length < longest:
         raise AttnlabError(f"--max-length {max_length} is shorter than the sentences ({longest} words)")
-    data = torch.full((len(sequences), max_length), PAD_ID, dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        data[row, : len(seq)] = torch.tensor(seq)
-    return data
+    return pad_batch(sequences, PAD_ID, length=max_length)
 
 
 def embedding_matrix(word_index: dict[str, int], vectors: WordVectors) -> tuple[torch.Tensor, list[str]]:

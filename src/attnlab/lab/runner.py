@@ -104,11 +104,10 @@ def run_lab(
         from attnlab.lab.order import order_section
         from attnlab.lab.parameters import parameters_section
         from attnlab.lab.silent_bugs import bugs_section
+        from attnlab.training.engine import torch_threads
 
-        # Torch's own thread pool is slower than one thread on these tiny tensors; restore it afterwards.
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        # Torch's own thread pool is slower than one thread on these tiny tensors.
+        with torch_threads(1):
             sections: list[Section] = []
             for key, compute in (
                 ("angles", angles_section),
@@ -124,8 +123,6 @@ def run_lab(
             ):
                 step(key)
                 sections.append(compute())
-        finally:
-            torch.set_num_threads(threads)
 
         step("write")
         seconds = time.perf_counter() - start

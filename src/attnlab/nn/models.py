@@ -39,6 +39,16 @@ def check_pad_id(pad_id: int, vocab_size: int, what: str) -> int:
     return pad_id
 
 
+def masked_mean(states: Tensor, padding: Tensor) -> Tensor:
+    """The mean of the real tokens' states: (batch, seq, d) states and their (batch, 1, 1, seq) padding mask
+    (:func:`~attnlab.nn.masks.padding_mask`) -> (batch, d).
+
+    An all-padding row has no real token: it divides by 1 instead of 0, so it pools to zeros, not NaN.
+    """
+    keep = padding[:, 0, 0, :, None].to(states.dtype)  # (batch, seq, 1)
+    return (states * keep).sum(1) / keep.sum(1).clamp(min=1.0)
+
+
 class _Model(nn.Module):
     config: dict[str, Any]
 
@@ -213,15 +223,21 @@ class EncoderClassifier(_Model):
 
     def pooled(self, ids: Tensor) -> Tensor:
         """(batch, seq) ids -> (batch, d_model): the mean of the real tokens' final states."""
-        mask = padding_mask(ids, self.pad_id)
-        states, _ = self.encoder(ids, attend_mask=mask)
-        keep = mask[:, 0, 0, :, None].to(states.dtype)  # (batch, seq, 1)
-        # An all-padding row has no real token: divide by 1 instead of 0 so it pools to zeros, not NaN.
-        return (self.norm(states) * keep).sum(1) / keep.sum(1).clamp(min=1.0)
+        return self._pooled(ids, attend_mask=padding_mask(ids, self.pad_id))
+
+    def _pooled(self, ids: Tensor, *, attend_mask: Tensor | None) -> Tensor:
+        states, _ = self.encoder(ids, attend_mask=attend_mask)
+        return masked_mean(self.norm(states), padding_mask(ids, self.pad_id))
 
     def forward(self, ids: Tensor) -> Tensor:
         """(batch, seq) ids -> (batch, num_classes) logits."""
         return self.out(self.pooled(ids))
+
+    def logits_with_mask(self, ids: Tensor, *, attend_mask: Tensor | None) -> Tensor:
+        """(batch, seq) ids -> (batch, num_classes) logits with the encoder attending under ``attend_mask``
+        (None: every key) instead of the padding mask, for probes that change it; the mean still covers the
+        real tokens."""
+        return self.out(self._pooled(ids, attend_mask=attend_mask))
 
 
 class DecoderLM(_Model):
@@ -309,9 +325,8 @@ class DecoderLM(_Model):
         if caches is not None and self.pad_id is not None:
             refuse_cached_padding(ids, self.pad_id)
         if caches is None:
-            mask = causal_mask(ids.shape[1], device=ids.device)
-            if self.pad_id is not None:
-                mask = mask & padding_mask(ids, self.pad_id)
+            mask = causal_mask(ids.shape[1], device=ids.device) if self.pad_id is None else decoder_self_mask(
+                ids, self.pad_id)
         else:  # cached decoding never feeds padding
             # (an empty list reaches the stack, which names the number of caches it needs)
             mask = cached_causal_mask(ids.shape[1], len(caches[0]) if caches else 0, device=ids.device)

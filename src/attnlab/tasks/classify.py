@@ -179,7 +179,7 @@ def load_classifier(run_dir: str | Path) -> Classifier:
     """The model, tokenizer and labels of a ``classify`` run folder; anything unusable is one clear error."""
     from attnlab.data import load_tokenizer
     from attnlab.tasks import classify_models  # noqa: F401  (registers TextClassifier for load_run)
-    from attnlab.training.checkpoint import load_run
+    from attnlab.training.checkpoint import TOKENIZER, load_run
 
     run_dir = Path(run_dir)
     model, config = load_run(run_dir, TASK_NAME)
@@ -191,7 +191,7 @@ def load_classifier(run_dir: str | Path) -> Classifier:
         # a label per output, each once: another list would name the model's answers wrongly, or not at all
         raise AttnlabError(f"{run_dir / 'config.json'} lists {len(labels)} labels ({len(set(labels))} distinct) for "
                            f"a model of {classes} classes: the run folder mixes files of different runs")
-    tokenizer = load_tokenizer(run_dir / config.get("tokenizer", "tokenizer.json"), model.encoder.embed.vocab_size)
+    tokenizer = load_tokenizer(run_dir / config.get("tokenizer", TOKENIZER), model.encoder.embed.vocab_size)
     if "max_positions" not in config:
         raise AttnlabError(f"{run_dir / 'config.json'} does not say the model's max_positions")
     return Classifier(model, tokenizer, labels, config)

@@ -31,17 +31,9 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.nn.masks import padding_mask
-from attnlab.nn.models import EncoderClassifier
+from attnlab.nn.models import EncoderClassifier, masked_mean
 from attnlab.nn.stacks import PositionKind
 from attnlab.training.checkpoint import register_model
-
-
-def masked_mean(states: Tensor, keep: Tensor) -> Tensor:
-    """Mean over the kept positions: (batch, seq, d) states and (batch, seq, 1) 0/1 weights -> (batch, d).
-
-    A row with nothing kept pools to zeros (divide by 1, not 0), as the core's ``EncoderClassifier.pooled``.
-    """
-    return (states * keep).sum(1) / keep.sum(1).clamp(min=1.0)
 
 
 class TokenFeatures(nn.Module):
@@ -222,7 +214,7 @@ class TextClassifier(EncoderClassifier):
                 always passes the padding mask of ``ids``; only the padding probe passes another. Pooling
                 averages the real tokens whatever the mask, as the seed's demonstration does.
         """
-        keep = padding_mask(ids, self.pad_id)[:, 0, 0, :, None]  # (batch, seq, 1)
+        padding = padding_mask(ids, self.pad_id)
         x = self.encoder.embed(ids)
         outputs = [x]
         for layer in self.encoder.layers:
@@ -232,7 +224,7 @@ class TextClassifier(EncoderClassifier):
         outputs[-1] = self.encoder.final_norm(x)
         norms, heads = [*self.early_norms, self.norm], [*self.early_heads, self.out]
         outputs = outputs[len(outputs) - len(heads):]
-        logits = [head(masked_mean(norm(h), keep.to(h.dtype))) for head, norm, h in zip(heads, norms, outputs)]
+        logits = [head(masked_mean(norm(h), padding)) for head, norm, h in zip(heads, norms, outputs)]
         if self.wide is not None:
             logits.append(self.wide_logits(ids).to(logits[0].dtype))
         return torch.stack(logits)
@@ -253,12 +245,6 @@ class TextClassifier(EncoderClassifier):
         """The model's scores, (batch, num_classes), under a chosen attend mask (for the padding probe)."""
         return self.vote(self.head_logits(ids, attend_mask=attend_mask))
 
-    def pooled(self, ids: Tensor) -> Tensor:
-        """(batch, seq) ids -> (batch, d_model): the last layer's masked mean, as in the core."""
-        keep = padding_mask(ids, self.pad_id)[:, 0, 0, :, None]
-        states, _ = self.encoder(ids, attend_mask=padding_mask(ids, self.pad_id))
-        return masked_mean(self.norm(states), keep.to(states.dtype))
-
     def forward(self, ids: Tensor, *, each_head: bool = False) -> Tensor:
         """(batch, seq) ids -> (batch, num_classes) logits, or (heads, batch, num_classes) with ``each_head``.
 
@@ -266,16 +252,3 @@ class TextClassifier(EncoderClassifier):
         """
         per_head = self.head_logits(ids, attend_mask=padding_mask(ids, self.pad_id))
         return per_head if each_head else self.vote(per_head)
-
-
-def logits_with_mask(model: nn.Module, ids: Tensor, *, attend_mask: Tensor | None) -> Tensor:
-    """Class scores of any classifier of this task under a chosen attend mask (for the padding probe).
-
-    :class:`TextClassifier` has the method; the core :class:`~attnlab.nn.EncoderClassifier` (``--model tiny``)
-    is run piece by piece: its encoder with the given mask, then its own norm, masked mean and output layer.
-    """
-    if isinstance(model, TextClassifier):
-        return model.logits_with_mask(ids, attend_mask=attend_mask)
-    states, _ = model.encoder(ids, attend_mask=attend_mask)
-    keep = padding_mask(ids, model.pad_id)[:, 0, 0, :, None].to(states.dtype)
-    return model.out(masked_mean(model.norm(states), keep))

@@ -29,7 +29,6 @@ from attnlab.data import pad_batch
 from attnlab.nn.masks import padding_mask
 from attnlab.nn.positions import LearnedPositions, SinusoidalPositions
 from attnlab.tasks.classify import Classifier
-from attnlab.tasks.classify_models import logits_with_mask
 from attnlab.tasks.tables import Table
 
 #: Scores closer than this count as identical (float32 sums in another order differ by ~1e-6).
@@ -215,7 +214,7 @@ def _padded(model: nn.Module, ids: list[list[int]], longest: list[int], mask: st
             logits = model(batch)
         else:
             attend = None if mask == "none" else ~padding_mask(batch, pad_id)
-            logits = logits_with_mask(model, batch, attend_mask=attend)
+            logits = model.logits_with_mask(batch, attend_mask=attend)
         out.append(logits[:-1].float())
     return torch.cat(out)
 

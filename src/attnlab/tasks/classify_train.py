@@ -42,6 +42,7 @@ from attnlab.training import TrainConfig, Trainer, distributed, seed_everything
 from attnlab.training.checkpoint import (
     CONFIG,
     RESULT,
+    TOKENIZER,
     WEIGHTS,
     build_model,
     checkpoint_progress,
@@ -55,10 +56,9 @@ from attnlab.training.checkpoint import (
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
-from attnlab.training.engine import config_dict, holds_run_folder, to_device, train_or_forget
+from attnlab.training.engine import config_dict, holds_run_folder, to_device, torch_threads, train_or_forget
 from attnlab.training.schedules import length_changed
 
-TOKENIZER_FILE, RESULT_FILE = "tokenizer.json", RESULT
 MODEL_KINDS = ("transformer", "tiny", "bow")
 
 
@@ -485,117 +485,118 @@ def train_classifier(
     if saved is None:
         for line in unused_options(settings, requested or {}, valid_path is not None):
             note(f"note: {line}")
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
-    data = load_data(train_path, valid_path, settings, labels=None if saved is None else saved["labels"])
-    for line in data.notes:
-        note(line)
-    if saved is None:
-        tokenizer, trained = build_tokenizer(data.train.texts, settings)
-        if trained <= UNK_ID + 1:  # only <pad> and <unk>: every text would be unknown words
-            raise AttnlabError(f"no word occurs at least --min-freq {settings.min_freq} times in the training texts; "
-                               "lower --min-freq")
-    else:
-        tokenizer, trained = load_tokenizer(out / TOKENIZER_FILE), saved["trained_tokens"]
-    index = {lab: i for i, lab in enumerate(data.labels)}
-    train_enc = encode_texts(tokenizer, data.train.texts, settings.max_positions)
-    valid_rows = [i for i, lab in enumerate(data.valid.labels or []) if lab in index]
-    valid_enc = encode_texts(tokenizer, [data.valid.texts[i] for i in valid_rows], settings.max_positions)
-    for enc, what in ((train_enc, "training"), (valid_enc, "validation")):
-        if enc.note(what):
-            note(enc.note(what))
-    note(f"data: {len(data.train)} training and {len(data.valid)} validation rows, {len(data.labels)} classes, "
-         f"{settings.tokenizer} vocabulary of {tokenizer.vocab_size}")
-    if saved is not None and not has_checkpoint(out):
-        # Killed before its first checkpoint: start again from step 0 with the saved settings and tokenizer,
-        # which is exactly what the uninterrupted run did.
-        note(f"{out} has no checkpoint yet: starting the run again from step 0")
-        resume = False
-    if saved is None or not resume:
-        model = build_classifier(tokenizer, trained, len(data.labels), settings, train_enc.ids, note)
-    else:
-        seed_everything(settings.seed)
-        model = build_model(saved["model"])  # weights, features and all come from the checkpoint
-    task = ClassifyTask(train_enc.ids, [index[lab] for lab in data.train.labels or []], valid_enc.ids,
-                        [index[data.valid.labels[i]] for i in valid_rows] if data.valid.labels else [],
-                        batch_size=settings.batch_size, seed=settings.seed, label_smoothing=settings.label_smoothing,
-                        each_head=getattr(model, "num_heads_out", 1) > 1)
-    per_epoch = task.batches_per_epoch()
-    if saved is not None:
-        planned = int(saved["train"]["max_steps"])  # as planned at the start, even if it was fitted to the time
-        asked = length.get("steps") or length.get("epochs", 0) * per_epoch
-        if resume and "epochs" in length:  # the check before the data had no length in steps to judge by
-            refuse_ended(out, steps=asked, max_seconds=settings.max_seconds, steps_option="--steps",
-                         lengthened=asked != planned)
-        if asked and asked != planned:
-            settings = replace(settings, steps=asked)
-            if resume:  # (a run with no checkpoint yet starts again from step 0, with its new length)
-                before, after = (settings.train_config(n, per_epoch, False).learning_rates() for n in (planned, asked))
-                note(length_changed(before, after, checkpoint_progress(out)[0]))
-            else:
-                note(f"resume: the run starts again with {asked} steps instead of {planned}")
-            planned = asked
-    elif settings.steps or settings.epochs:
-        planned = settings.steps or settings.epochs * per_epoch
-    else:
-        epoch_seconds = time_one_epoch(model, task, settings)
-        budget = settings.max_seconds * FIT_SHARE
-        epochs = max(1, min(settings.max_epochs, int(budget // epoch_seconds)))
-        planned = epochs * per_epoch
-        measured = f"about {epoch_seconds:.1f} s an epoch, measured"
-        if settings.max_seconds < epoch_seconds:
-            note(f"schedule: 1 epoch of {per_epoch} steps, though it does not fit in {settings.max_seconds:g} s "
-                 f"({measured}): the time budget will stop the run before its end")
+    with torch_threads(settings.threads):  # restored afterwards: callers in the same process keep theirs
+        data = load_data(train_path, valid_path, settings, labels=None if saved is None else saved["labels"])
+        for line in data.notes:
+            note(line)
+        if saved is None:
+            tokenizer, trained = build_tokenizer(data.train.texts, settings)
+            if trained <= UNK_ID + 1:  # only <pad> and <unk>: every text would be unknown words
+                raise AttnlabError(f"no word occurs at least --min-freq {settings.min_freq} times in the training "
+                                   "texts; lower --min-freq")
         else:
-            many = "1 epoch of {} steps fits" if epochs == 1 else f"{epochs} epochs of {{}} steps fit"
-            note(f"schedule: {many.format(per_epoch)} in {settings.max_seconds:g} s ({measured})")
-    config = settings.train_config(planned, per_epoch, progress and main)
-    distributed.checked_by_all(config.device)
-    existed = Path(out).exists()
-    if saved is None and main:
-        ensure_writable_dir(out)
-        tokenizer.save(out / TOKENIZER_FILE)
-        write_run_config(out, {
-            "task": TASK_NAME,
-            "model": model_config(model),
-            "tokenizer": TOKENIZER_FILE,
-            "tokenizer_kind": tokenizer.kind,
-            "trained_tokens": trained,
-            "labels": data.labels,
-            "max_positions": settings.max_positions,
-            "text_column": data.train.text_column,
-            "label_column": data.train.label_column,
-            "data": {"train": str(train_path), "train_sha256": fingerprint(train_path),
-                     "valid": None if valid_path is None else str(valid_path),
-                     "valid_sha256": None if valid_path is None else fingerprint(valid_path),
-                     "valid_fraction": None if valid_path is not None else settings.valid_fraction,
-                     "train_rows": len(data.train), "valid_rows": len(data.valid),
-                     "truncated": {"train": train_enc.truncated, "valid": valid_enc.truncated}},
-            "classify": asdict(settings),
-            "train": config_dict(config),
-        })
-    def record() -> None:  # a new length or time budget, once the checkpoint has loaded: an interrupted
-        changed = [k for k in ("max_steps", "max_seconds", "checkpoint_every")  # lengthening goes on with a
-                   if getattr(config, k) != saved["train"][k]]  # plain --resume
-        if main and changed:
-            write_run_config(out, {**saved, "classify": asdict(settings), "train": config_dict(config)})
+            tokenizer, trained = load_tokenizer(out / TOKENIZER), saved["trained_tokens"]
+        index = {lab: i for i, lab in enumerate(data.labels)}
+        train_enc = encode_texts(tokenizer, data.train.texts, settings.max_positions)
+        valid_rows = [i for i, lab in enumerate(data.valid.labels or []) if lab in index]
+        valid_enc = encode_texts(tokenizer, [data.valid.texts[i] for i in valid_rows], settings.max_positions)
+        for enc, what in ((train_enc, "training"), (valid_enc, "validation")):
+            if enc.note(what):
+                note(enc.note(what))
+        note(f"data: {len(data.train)} training and {len(data.valid)} validation rows, {len(data.labels)} classes, "
+             f"{settings.tokenizer} vocabulary of {tokenizer.vocab_size}")
+        if saved is not None and not has_checkpoint(out):
+            # Killed before its first checkpoint: start again from step 0 with the saved settings and tokenizer,
+            # which is exactly what the uninterrupted run did.
+            note(f"{out} has no checkpoint yet: starting the run again from step 0")
+            resume = False
+        if saved is None or not resume:
+            model = build_classifier(tokenizer, trained, len(data.labels), settings, train_enc.ids, note)
+        else:
+            seed_everything(settings.seed)
+            model = build_model(saved["model"])  # weights, features and all come from the checkpoint
+        task = ClassifyTask(train_enc.ids, [index[lab] for lab in data.train.labels or []], valid_enc.ids,
+                            [index[data.valid.labels[i]] for i in valid_rows] if data.valid.labels else [],
+                            batch_size=settings.batch_size, seed=settings.seed,
+                            label_smoothing=settings.label_smoothing,
+                            each_head=getattr(model, "num_heads_out", 1) > 1)
+        per_epoch = task.batches_per_epoch()
+        if saved is not None:
+            planned = int(saved["train"]["max_steps"])  # as planned at the start, even if it was fitted to the time
+            asked = length.get("steps") or length.get("epochs", 0) * per_epoch
+            if resume and "epochs" in length:  # the check before the data had no length in steps to judge by
+                refuse_ended(out, steps=asked, max_seconds=settings.max_seconds, steps_option="--steps",
+                             lengthened=asked != planned)
+            if asked and asked != planned:
+                settings = replace(settings, steps=asked)
+                if resume:  # (a run with no checkpoint yet starts again from step 0, with its new length)
+                    before, after = (settings.train_config(n, per_epoch, False).learning_rates()
+                                     for n in (planned, asked))
+                    note(length_changed(before, after, checkpoint_progress(out)[0]))
+                else:
+                    note(f"resume: the run starts again with {asked} steps instead of {planned}")
+                planned = asked
+        elif settings.steps or settings.epochs:
+            planned = settings.steps or settings.epochs * per_epoch
+        else:
+            epoch_seconds = time_one_epoch(model, task, settings)
+            budget = settings.max_seconds * FIT_SHARE
+            epochs = max(1, min(settings.max_epochs, int(budget // epoch_seconds)))
+            planned = epochs * per_epoch
+            measured = f"about {epoch_seconds:.1f} s an epoch, measured"
+            if settings.max_seconds < epoch_seconds:
+                note(f"schedule: 1 epoch of {per_epoch} steps, though it does not fit in {settings.max_seconds:g} s "
+                     f"({measured}): the time budget will stop the run before its end")
+            else:
+                many = "1 epoch of {} steps fits" if epochs == 1 else f"{epochs} epochs of {{}} steps fit"
+                note(f"schedule: {many.format(per_epoch)} in {settings.max_seconds:g} s ({measured})")
+        config = settings.train_config(planned, per_epoch, progress and main)
+        distributed.checked_by_all(config.device)
+        existed = Path(out).exists()
+        if saved is None and main:
+            ensure_writable_dir(out)
+            tokenizer.save(out / TOKENIZER)
+            write_run_config(out, {
+                "task": TASK_NAME,
+                "model": model_config(model),
+                "tokenizer": TOKENIZER,
+                "tokenizer_kind": tokenizer.kind,
+                "trained_tokens": trained,
+                "labels": data.labels,
+                "max_positions": settings.max_positions,
+                "text_column": data.train.text_column,
+                "label_column": data.train.label_column,
+                "data": {"train": str(train_path), "train_sha256": fingerprint(train_path),
+                         "valid": None if valid_path is None else str(valid_path),
+                         "valid_sha256": None if valid_path is None else fingerprint(valid_path),
+                         "valid_fraction": None if valid_path is not None else settings.valid_fraction,
+                         "train_rows": len(data.train), "valid_rows": len(data.valid),
+                         "truncated": {"train": train_enc.truncated, "valid": valid_enc.truncated}},
+                "classify": asdict(settings),
+                "train": config_dict(config),
+            })
+        def record() -> None:  # a new length or time budget, once the checkpoint has loaded: an interrupted
+            changed = [k for k in ("max_steps", "max_seconds", "checkpoint_every")  # lengthening goes on with a
+                       if getattr(config, k) != saved["train"][k]]  # plain --resume
+            if main and changed:
+                write_run_config(out, {**saved, "classify": asdict(settings), "train": config_dict(config)})
 
-    if saved is not None and not resume:  # no checkpoint to load: it starts again from step 0 with what it now is
-        record()
-    result = train_or_forget(model, task, config, Path(out), resume=resume, existed=existed,
-                             task_files=[TOKENIZER_FILE], on_resumed=record if saved is not None else None)
-    load_weights(model, out / WEIGHTS)
-    best = result.best
-    total = len(data.valid)  # rows with unseen labels count as wrong: they cannot be predicted
-    correct = round(best.get("accuracy", math.nan) * len(valid_rows)) if best else 0
-    stopped_by = "patience" if result.stopped_early else "steps" if result.steps >= planned else "time"
-    report = ClassifyReport(
-        accuracy=correct / total if total else math.nan, correct=correct, total=total,
-        best_step=int(best.get("step", 0)), steps=result.steps, planned_steps=planned,
-        epochs=result.steps / per_epoch, wall_seconds=time.perf_counter() - started, train_seconds=result.elapsed,
-        stopped_by=stopped_by, parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
-        settings=asdict(settings), is_main=main, resumed=resume,
-    )
-    if main:
-        write_json_atomic(out / RESULT_FILE, asdict(report))
-    return report
+        if saved is not None and not resume:  # no checkpoint to load: it starts again from step 0 with what it now is
+            record()
+        result = train_or_forget(model, task, config, Path(out), resume=resume, existed=existed,
+                                 task_files=[TOKENIZER], on_resumed=record if saved is not None else None)
+        load_weights(model, out / WEIGHTS)
+        best = result.best
+        total = len(data.valid)  # rows with unseen labels count as wrong: they cannot be predicted
+        correct = round(best.get("accuracy", math.nan) * len(valid_rows)) if best else 0
+        stopped_by = "patience" if result.stopped_early else "steps" if result.steps >= planned else "time"
+        report = ClassifyReport(
+            accuracy=correct / total if total else math.nan, correct=correct, total=total,
+            best_step=int(best.get("step", 0)), steps=result.steps, planned_steps=planned,
+            epochs=result.steps / per_epoch, wall_seconds=time.perf_counter() - started, train_seconds=result.elapsed,
+            stopped_by=stopped_by, parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
+            settings=asdict(settings), is_main=main, resumed=resume,
+        )
+        if main:
+            write_json_atomic(out / RESULT, asdict(report))
+        return report

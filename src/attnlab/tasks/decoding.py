@@ -66,32 +66,32 @@ def max_lengths(src: Tensor, model: Transformer, a: float, b: int) -> Tensor:
     return torch.floor(real * a + float(min(b, table))).clamp(1, table).long()
 
 
-def _step_log_probs(
-    model: Transformer, prefix: Tensor, memory: Tensor, memory_mask: Tensor, caches: list[tuple[KVCache, KVCache]] | None
-) -> Tensor:
-    """Log-probabilities (rows, vocab) of the token after ``prefix`` (rows, t), float32.
+def _step_log_probs(model: Transformer, prefix: Tensor, memory: Tensor, *, memory_attend_mask: Tensor,
+                    caches: list[tuple[KVCache, KVCache]] | None) -> Tensor:
+    """Log-probabilities (rows, vocab) of the token after ``prefix`` (rows, t), float32; ``memory`` is
+    (rows, src, d_model) and ``memory_attend_mask`` its (rows, 1, 1, src) padding mask.
 
     With ``caches`` only the last column of ``prefix`` is fed. ``<pad>`` and ``<bos>`` are never targets in
     training, so they are ruled out here rather than left to chance.
     """
     if caches is not None:
-        logits, _ = model.decode(prefix[:, -1:], memory, memory_attend_mask=memory_mask, caches=caches)
+        logits, _ = model.decode(prefix[:, -1:], memory, memory_attend_mask=memory_attend_mask, caches=caches)
     else:
-        logits, _ = model.decode(prefix, memory, memory_attend_mask=memory_mask)
+        logits, _ = model.decode(prefix, memory, memory_attend_mask=memory_attend_mask)
     logits = logits[:, -1].float()
     logits[:, PAD_ID] = -math.inf
     logits[:, BOS_ID] = -math.inf
     return torch.log_softmax(logits, dim=-1)
 
 
-def _keep_rows(index: Tensor, memory: Tensor, memory_mask: Tensor, caches: list[tuple[KVCache, KVCache]] | None
-               ) -> tuple[Tensor, Tensor]:
-    """Keep (or repeat) rows ``index`` of the memory, its mask and every cache."""
+def _keep_rows(index: Tensor, memory: Tensor, *, memory_attend_mask: Tensor,
+               caches: list[tuple[KVCache, KVCache]] | None) -> tuple[Tensor, Tensor]:
+    """Keep (or repeat) rows ``index``, (rows,) long, of the memory, its mask and every cache."""
     if caches is not None:
         for self_cache, cross_cache in caches:
             self_cache.reorder(index)
             cross_cache.reorder(index)
-    return memory.index_select(0, index), memory_mask.index_select(0, index)
+    return memory.index_select(0, index), memory_attend_mask.index_select(0, index)
 
 
 @torch.inference_mode()
@@ -115,7 +115,7 @@ def greedy_search(model: Transformer, src: Tensor, *, max_len_a: float = 1.5, ma
     rows = torch.arange(src.shape[0], device=src.device)  # the sentence behind each live row
     prefix = torch.full((src.shape[0], 1), BOS_ID, dtype=torch.long, device=src.device)
     for step in range(int(limit.max())):
-        next_ids = _step_log_probs(model, prefix, memory, memory_mask, caches).argmax(-1)  # (rows,)
+        next_ids = _step_log_probs(model, prefix, memory, memory_attend_mask=memory_mask, caches=caches).argmax(-1)  # (rows,)
         ended = (next_ids == EOS_ID) | (limit[rows] <= step + 1)
         for row, token in zip(rows.tolist(), next_ids.tolist()):
             if token != EOS_ID:
@@ -124,7 +124,7 @@ def greedy_search(model: Transformer, src: Tensor, *, max_len_a: float = 1.5, ma
             break
         if bool(ended.any()):  # finished sentences leave the batch: no work is spent on them
             keep = (~ended).nonzero().squeeze(1)
-            memory, memory_mask = _keep_rows(keep, memory, memory_mask, caches)
+            memory, memory_mask = _keep_rows(keep, memory, memory_attend_mask=memory_mask, caches=caches)
             rows, prefix, next_ids = rows[keep], prefix[keep], next_ids[keep]
         prefix = torch.cat((prefix, next_ids[:, None]), dim=1)
     return out
@@ -175,7 +175,7 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, length_p
     prefix = torch.full((src.shape[0], 1), BOS_ID, dtype=torch.long, device=device)  # (sentences * live, 1 + step)
     for step in range(int(limit.max())):
         n = sent.shape[0]
-        log_probs = _step_log_probs(model, prefix, memory, memory_mask, caches)  # (n * live, vocab)
+        log_probs = _step_log_probs(model, prefix, memory, memory_attend_mask=memory_mask, caches=caches)  # (n * live, vocab)
         vocab = log_probs.shape[-1]
         candidates = (scores[:, :, None] + log_probs.view(n, live, vocab)).view(n, live * vocab)
         top_scores, top_index = candidates.topk(min(2 * k, live * vocab), dim=1)  # (n, 2k), best first
@@ -203,7 +203,7 @@ def beam_search(model: Transformer, src: Tensor, *, beam_size: int = 4, length_p
             break
         keep = (~torch.tensor(done, device=device)).nonzero().squeeze(1)  # sentences still searching
         rows = (keep[:, None] * live + origin[keep]).reshape(-1)  # their beams' source rows, in beam order
-        memory, memory_mask = _keep_rows(rows, memory, memory_mask, caches)
+        memory, memory_mask = _keep_rows(rows, memory, memory_attend_mask=memory_mask, caches=caches)
         prefix = torch.cat((prefix.index_select(0, rows), token[keep].reshape(-1, 1)), dim=1)
         sent, scores, tokens, live = sent[keep], new_scores[keep], tokens[keep], k
     return [max(group, key=lambda h: h[0])[1] if group else [] for group in finished]

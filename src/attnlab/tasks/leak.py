@@ -35,8 +35,7 @@ from attnlab.nn.models import DecoderLM
 from attnlab.tasks.lm import LMData, load_lm_data, random_windows, seeded_generator
 from attnlab.tasks.lm_train import LMSettings, train_language_model
 from attnlab.tasks.sampling import generate
-from attnlab.training.checkpoint import load_run, register_model
-from attnlab.training.engine import METRICS_FILE
+from attnlab.training.checkpoint import METRICS_FILE, load_run, register_model
 
 #: The short budget both models get (seconds each on two CPU cores). Rotary positions make "attend to the
 #: next position" the same pattern at every position, so the unmasked model finds the copy within this budget

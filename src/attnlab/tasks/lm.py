@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,12 +34,9 @@ from attnlab.data.tokenizers import BPETokenizer, CharTokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.files import decode_utf8
 from attnlab.training import Batch
-from attnlab.training.checkpoint import RESULT
 from attnlab.training.distributed import Place, all_sum, barrier
 
 TASK_NAME = "lm"
-TOKENIZER_FILE = "tokenizer.json"
-RESULT_FILE = RESULT
 
 
 @dataclass
@@ -240,18 +236,6 @@ def flops_per_token(model: nn.Module, context: int) -> float:
     layers = len(body.layers)
     d = body.embed.tokens.embedding_dim
     return 6.0 * n + 12.0 * layers * d * context
-
-
-@contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    """Run with ``count`` torch threads (0: leave the setting alone), and restore the previous count after."""
-    previous = torch.get_num_threads()
-    if count:
-        torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 PEAK_SIZE, PEAK_REPEATS, PEAK_SECONDS = 1024, 20, 1.0

@@ -35,9 +35,7 @@ from attnlab.errors import AttnlabError
 from attnlab.files import ensure_writable_dir, fingerprint, refuse_changed, refuse_non_folder, write_json_atomic
 from attnlab.nn.models import DecoderLM
 from attnlab.tasks.lm import (
-    RESULT_FILE,
     TASK_NAME,
-    TOKENIZER_FILE,
     LMData,
     LMTask,
     evaluate_loss,
@@ -45,11 +43,13 @@ from attnlab.tasks.lm import (
     load_lm_data,
     measure_peak_matmul,
     peak_basis,
-    torch_threads,
 )
 from attnlab.training import TrainConfig, distributed, seed_everything
 from attnlab.training.checkpoint import (
     CONFIG,
+    METRICS_FILE,
+    RESULT,
+    TOKENIZER,
     WEIGHTS,
     has_checkpoint,
     ignored_on_resume,
@@ -61,7 +61,7 @@ from attnlab.training.checkpoint import (
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
-from attnlab.training.engine import METRICS_FILE, config_dict, has_fast_bf16, holds_run_folder, train_or_forget
+from attnlab.training.engine import config_dict, has_fast_bf16, holds_run_folder, torch_threads, train_or_forget
 from attnlab.training.schedules import length_changed
 
 
@@ -337,7 +337,7 @@ def train_language_model(
     with torch_threads(settings.threads):  # restored afterwards: callers in the same process keep theirs
         # A resumed run encodes with the tokenizer it saved (and leaves that file as it is); one that starts again
         # from step 0 does too when the file is there.
-        tokenizer_file = Path(out) / TOKENIZER_FILE
+        tokenizer_file = Path(out) / TOKENIZER
         saved_tokenizer = tokenizer_file if run_config is not None and tokenizer_file.is_file() else None
         if resume and saved_tokenizer is None:
             raise AttnlabError(f"{tokenizer_file} is missing: the run cannot go on without the tokenizer it was "
@@ -363,12 +363,12 @@ def train_language_model(
         # only now: a setting the model or the data refuse leaves no folder behind
         out = ensure_writable_dir(out) if main else Path(out)
         if main and saved_tokenizer is None:
-            data.tokenizer.save(out / TOKENIZER_FILE)
+            data.tokenizer.save(out / TOKENIZER)
         run_config = {
             "task": task_name,
             # A subclass (the leak experiment's) is recorded under its own name: no loader mistakes it for DecoderLM.
             "model": model_config(model),
-            "tokenizer": TOKENIZER_FILE,
+            "tokenizer": TOKENIZER,
             "data": {"text": str(text), "text_sha256": fingerprint(text),
                      "val_fraction": settings.val_fraction, "train_tokens": len(data.train),
                      "val_tokens": len(data.val)},
@@ -390,7 +390,7 @@ def train_language_model(
         peak = measure_peak_matmul(place.device, dtype, place) if measure_peak else 0.0
         peak_seconds = time.perf_counter() - peak_started
         result = train_or_forget(model, task, config, out, resume=resume, existed=existed,
-                                 task_files=[TOKENIZER_FILE], on_resumed=record)
+                                 task_files=[TOKENIZER], on_resumed=record)
         load_weights(model, out / WEIGHTS)  # the kept (best) weights: what generate will use
         model.eval()
         # Rank 0 evaluates and reports.
@@ -409,5 +409,5 @@ def train_language_model(
             resumed=resume,
         )
         if main:
-            write_json_atomic(out / RESULT_FILE, report.as_dict())
+            write_json_atomic(out / RESULT, report.as_dict())
         return model, report

@@ -52,6 +52,7 @@ from attnlab.training import Batch, TrainConfig, TrainResult, distributed, seed_
 from attnlab.training.checkpoint import (
     CONFIG,
     RESULT,
+    TOKENIZER,
     has_checkpoint,
     ignored_on_resume,
     load_run,
@@ -249,8 +250,8 @@ def train_tokenizers(src_lines: Sequence[str], tgt_lines: Sequence[str], setting
 def save_tokenizers(run: Path, src_tok: BPETokenizer, tgt_tok: BPETokenizer, settings: TranslateSettings) -> None:
     """Write ``tokenizer.json`` (joint) or ``tokenizer.SRC.json`` and ``tokenizer.TGT.json``; record the names."""
     if src_tok is tgt_tok:
-        settings.tokenizers = {"src": "tokenizer.json", "tgt": "tokenizer.json"}
-        src_tok.save(run / "tokenizer.json")
+        settings.tokenizers = {"src": TOKENIZER, "tgt": TOKENIZER}
+        src_tok.save(run / TOKENIZER)
         return
     settings.tokenizers = {"src": f"tokenizer.{settings.src}.json", "tgt": f"tokenizer.{settings.tgt}.json"}
     src_tok.save(run / settings.tokenizers["src"])
@@ -261,7 +262,7 @@ def load_tokenizers(run: Path, settings: TranslateSettings,
                     vocab_sizes: tuple[int, int] | None = None) -> tuple[BPETokenizer, BPETokenizer]:
     """The run's source and target tokenizers (one object when the vocabulary is joint); ``vocab_sizes``, the
     model's (source, target) vocabularies, which they must match."""
-    names = settings.tokenizers or {"src": "tokenizer.json", "tgt": "tokenizer.json"}
+    names = settings.tokenizers or {"src": TOKENIZER, "tgt": TOKENIZER}
     src_size, tgt_size = vocab_sizes or (None, None)
     src_tok = load_tokenizer(run / names["src"], src_size)
     tgt_tok = (load_tokenizer(run / names["tgt"], tgt_size) if names["tgt"] != names["src"] or tgt_size != src_size

@@ -62,6 +62,9 @@ def register_model(cls: ModelClass) -> ModelClass:
     return cls
 
 CONFIG, WEIGHTS, CHECKPOINT = "config.json", "model.safetensors", "checkpoint"
+TOKENIZER = "tokenizer.json"  # as Hugging Face tokenizers writes it (a translation run: "tokenizers" in CONFIG)
+METRICS_FILE, LOSS_PLOT = "metrics.jsonl", "loss.png"
+RESULT = "result.json"  # the report of a run that ended (or stopped)
 AVERAGED = "averaged.safetensors"  # in CHECKPOINT/, when training keeps a moving average of the weights
 
 
@@ -69,7 +72,7 @@ AVERAGED = "averaged.safetensors"  # in CHECKPOINT/, when training keeps a movin
 #: log and the resume checkpoint. A file a command writes on request may go beside them, never over them.
 RUN_OWNED_SUFFIXES = (".json", ".jsonl", ".safetensors")
 #: ... and the training curve, which nothing but training can draw again.
-RUN_OWNED_NAMES = ("loss.png",)
+RUN_OWNED_NAMES = (LOSS_PLOT,)
 
 
 def refuse_overwriting(path: str | Path, option: str, *, run: str | Path,
@@ -307,10 +310,6 @@ def refuse_shorter(run_dir: str | Path, steps: int, option: str) -> int:
         raise AttnlabError(f"{run_dir} has reached step {reached}, past the {steps} step{'s' if steps != 1 else ''} it "
                            f"is given; to go on, resume with {option} more than {reached}")
     return reached
-
-
-#: The report a finished run writes in its folder (every task names it so).
-RESULT = "result.json"
 
 
 def _reported_step(run_dir: Path) -> int | None:

@@ -47,7 +47,10 @@ from attnlab.errors import AttnlabError
 from attnlab.files import holding_run_folder, refuse_non_folder, write_text_atomic
 from attnlab.training import distributed
 from attnlab.training.checkpoint import (
+    CHECKPOINT,
     CONFIG,
+    LOSS_PLOT,
+    METRICS_FILE,
     WEIGHTS,
     has_checkpoint,
     load_checkpoint,
@@ -57,9 +60,6 @@ from attnlab.training.checkpoint import (
     save_weights,
 )
 from attnlab.training.schedules import Schedule
-
-#: What the engine writes into a run folder beside the checkpoint and the best weights.
-METRICS_FILE, LOSS_PLOT = "metrics.jsonl", "loss.png"
 
 
 class TrainingError(AttnlabError):
@@ -176,6 +176,19 @@ class TrainResult:
     final_loss: float = math.nan
     stopped_early: bool = False
     out_of_time: bool = False  # stopped by the time budget (max_seconds) before max_steps
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run with ``count`` torch threads (0: leave the setting alone), and restore the previous count after:
+    a caller in the same process (a test, a notebook) keeps its own."""
+    previous = torch.get_num_threads()
+    if count:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def seed_everything(seed: int) -> None:
@@ -370,7 +383,7 @@ class Trainer:
         mean_loss, tokens = self._accumulate(micro)
         if not math.isfinite(mean_loss):
             self.optimizer.zero_grad(set_to_none=True)
-            kept = (f"the last good checkpoint (step {self.checkpoint_step}) is in {self.out / 'checkpoint'}"
+            kept = (f"the last good checkpoint (step {self.checkpoint_step}) is in {self.out / CHECKPOINT}"
                     if self.checkpoint_step is not None else "no checkpoint had been written yet")
             raise TrainingError(f"loss became {mean_loss} at step {self.state['step'] + 1}; training stopped, {kept}")
         if self.config.grad_clip > 0:
