@@ -223,6 +223,16 @@ def test_bad_training_input_is_one_line_and_exit_2(tmp_path):
     train = ["train", "classify", "--out", tmp_path / "out", *SMALL, "--epochs", "1"]
     assert "not found" in one_error_line(run(*train, "--train", tmp_path / "missing.csv"))
     assert "no label column 'intent'" in one_error_line(run(*train, "--train", good, "--label-column", "intent"))
+    (tmp_path / "in").mkdir()
+    for name in ("metrics.jsonl", "result.json"):  # in the run folder, under names the run writes
+        inside = tmp_path / "in" / name
+        inside.write_bytes(good.read_bytes())
+        for option in ("--train", "--valid"):
+            assert f"{option} {inside} is a file the run writes in its folder" in one_error_line(
+                run(*train, "--train", good, option, inside, "--out", inside.parent))
+        assert inside.read_bytes() == good.read_bytes()
+    assert "--glove is empty: give auto, none or a GloVe text file" in one_error_line(
+        run(*train, "--train", good, "--glove", ""))
     empty = tmp_path / "empty.csv"
     empty.write_text("text,label\nhello,a\n,b\n", encoding="utf-8")
     assert "empty 'text'" in one_error_line(run(*train, "--train", empty))
@@ -258,6 +268,9 @@ def test_bad_training_input_is_one_line_and_exit_2(tmp_path):
     assert "'--epochs': 'abc' is not a valid integer" in one_error_line(run(*train, "--train", good, "--epochs", "abc"))
     assert "--min-freq 1000" in one_error_line(run(*train, "--train", good, "--min-freq", "1000"))
     assert "--d-model 32 is not divisible by --heads 3" in one_error_line(run(*train, "--train", good, "--heads", "3"))
+    joined = tmp_path / "joined.csv"  # two exports joined, headers and all: the second header is no ticket
+    joined.write_text(good.read_text(encoding="utf-8") * 2, encoding="utf-8")
+    assert "joined.csv:42: this row repeats the header (text,team)" in one_error_line(run(*train, "--train", joined))
     unseen = tmp_path / "unseen.csv"
     unseen.write_text("text,label\nclose my account,close_account\nlost my card,lost_card\n", encoding="utf-8")
     assert "none of the 2 validation rows has a label the training data holds" in one_error_line(
@@ -276,6 +289,16 @@ def test_bad_run_folders_are_one_line_and_exit_2(trained, tmp_path):
         (broken / name).write_bytes((root / "run" / name).read_bytes())
     (broken / "model.safetensors").write_bytes((root / "run" / "model.safetensors").read_bytes()[:300])
     assert "not a readable safetensors file" in one_error_line(run("eval", "classify", broken, "--data", data))
+    config = json.loads((root / "run" / "config.json").read_text())
+    for change, message in (({"tokenizer": 5}, "names its tokenizer file 5, not a file name"),
+                            ({"max_positions": -3}, "gives the model's max_positions as -3, not a count of positions"),
+                            ({"max_positions": "abc"}, "max_positions as 'abc'"),
+                            ({"model": {**config["model"], "class": [1]}}, "its class is [1], not a name")):
+        damaged = tmp_path / "damaged"
+        shutil.rmtree(damaged, ignore_errors=True)
+        shutil.copytree(root / "run", damaged)
+        (damaged / "config.json").write_text(json.dumps({**config, **change}))
+        assert message in one_error_line(run("predict", damaged, "hi"))
     assert "is a 'lm' run" in one_error_line(run("predict", _lm_run(tmp_path), "hi"))
     out = tmp_path / "again"
     train = write_tickets(tmp_path / "t.csv", 40)
@@ -517,7 +540,7 @@ def test_lengthening_a_classify_run_on_resume_is_refused_when_it_could_not_go_on
     # A spent time budget: refused unless the resume raises it too, which it may now.
     assert out_of("timed", "--steps", "2", "--max-seconds", "1e-9").exit_code == 0
     said = one_error_line(out_of("timed", "--steps", "5", "--resume"))
-    assert "stopped at its time budget, --max-seconds 1e-09, after" in said and "resume with a larger --max-seconds" in said
+    assert "all of its time budget (--max-seconds 1e-09), after" in said and "resume with a --max-seconds larger than" in said
     assert one_error_line(out_of("timed", "--resume")) == said.replace("of 5 steps", "of 2 steps")  # plain resume too
     longer = out_of("timed", "--steps", "5", "--max-seconds", "0", "--resume")
     assert longer.exit_code == 0 and json.loads((tmp_path / "timed" / "result.json").read_text())["steps"] == 5

@@ -85,7 +85,7 @@ def test_help_shows_the_range_of_bounded_floats_and_nothing_for_unbounded_ones()
 
 
 @pytest.mark.parametrize("args, shown", [
-    (["train", "lm", "--text", "t.txt", "--out", "o", "--val-fraction", "1.5"], "'--val-fraction': 1.5 is not in the range 0<x<1"),
+    (["train", "lm", "--text", "t.txt", "--out", "o", "--val-fraction", "1.5"], "'--val-fraction' / '--valid-fraction': 1.5 is not in the range 0<x<1"),
     (["train", "lm", "--text", "t.txt", "--out", "o", "--lr", "-1"], "'--lr': -1.0 is not in the range x>0"),
     (["train", "classify", "--train", "t.csv", "--out", "o", "--ema", "2"], "'--ema': 2.0 is not in the range 0<=x<1"),
     (["train", "classify", "--train", "t.csv", "--out", "o", "--valid-fraction", "0"],

@@ -4,6 +4,7 @@ runs end to end in ``test_lab_browser.py``, which also opens that report in a br
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import os
@@ -330,6 +331,18 @@ def test_a_folder_where_a_report_file_goes_is_refused_before_anything_is_replace
     assert sorted(p.name for p in out.iterdir()) == ["index.html", "numbers.json"]  # no staging folder left
 
 
+def test_a_report_file_that_is_a_symlink_is_written_through_it(tmp_path, glove_file):
+    out, elsewhere = tmp_path / "r", tmp_path / "kept"
+    out.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "n.json").write_text("{}")
+    (out / "numbers.json").symlink_to(elsewhere / "n.json")
+    result = run_cli("--out", str(out), "--glove", str(glove_file), "--max-length", str(LENGTH))
+    assert result.exit_code == 0, result.output
+    assert (out / "numbers.json").is_symlink() and "\"encoding\"" in (elsewhere / "n.json").read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["index.html", "numbers.json"]
+
+
 def test_binary_glove_file(tmp_path):
     path = tmp_path / "glove.zip"
     path.write_bytes(b"PK\x03\x04\x14\x00\x00\x00\x08\x00\xff\xfe\x80\x81")
@@ -414,6 +427,8 @@ def test_text_reader_keeps_only_needed_words_and_skips_a_header(tmp_path):
     assert vectors.vectors["queen"].tolist() == [3.0, 4.0]
     with pytest.raises(AttnlabError, match="3 was requested"):
         load_text(path, ["king"], dim=3)
+    path.write_bytes(codecs.BOM_UTF8 + b"king 1 2\nqueen 3 4\n")  # a byte-order mark is no part of the first word
+    assert sorted(load_text(path, ["king", "queen"]).vectors) == ["king", "queen"]
 
 
 def test_one_wide_vectors_are_refused_by_the_lab_in_the_files_words(tmp_path):

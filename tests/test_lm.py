@@ -144,6 +144,15 @@ def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):
                                (empty, run[0], "already holds a run")):
         result = invoke("train", "lm", "--text", path, "--out", out, "--no-progress")
         assert result.exit_code == 2 and result.stderr.count("\n") == 1 and message in result.stderr
+    folder = tmp_path / "folder"  # the text in the run folder, under a name the run writes: it would be replaced
+    (folder / "checkpoint").mkdir(parents=True)
+    for inside in (folder / "metrics.jsonl", folder / "result.json", folder / "checkpoint" / "t.txt"):
+        inside.write_text(TEXT, encoding="utf-8")
+        result = invoke("train", "lm", "--text", inside, "--out", folder, *TINY)
+        assert result.exit_code == 2 and result.stderr == (
+            f"error: --text {inside} is a file the run writes in its folder {folder} ({inside.relative_to(folder)}): "
+            "training would overwrite it; move it out of the folder or choose another --out\n")
+        assert inside.read_text(encoding="utf-8") == TEXT
     # A setting the model refuses leaves no folder behind (the tokenizer used to be written first).
     result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", tmp_path / "w", *TINY, "--width", "31")
     assert result.exit_code == 2 and "--width 31 is not divisible by --heads 2" in result.stderr
@@ -272,6 +281,35 @@ def test_bpe_tokenizer_trains_generates_and_refuses_a_vocabulary_smaller_than_th
     assert "note:" not in greedy.stderr
     odd = invoke("generate", tmp_path / "bpe", "--prompt", "the Ü quick", "--max-new-tokens", 3, "--greedy")
     assert odd.exit_code == 0 and "note: 1 piece of the prompt is not in the vocabulary; the model reads <unk>" in odd.stderr
+
+
+def test_a_byte_order_mark_is_no_character_of_the_text(tmp_path):
+    import codecs
+
+    from attnlab.tasks.lm import read_text
+
+    path = tmp_path / "bom.txt"
+    path.write_bytes(codecs.BOM_UTF8 + TEXT.encode("utf-8"))
+    assert read_text(path) == TEXT  # (it became a character of the vocabulary, which generate printed)
+
+
+def test_sampling_never_writes_a_special_token(tmp_path, monkeypatch):
+    """<unk>, <bos> and <eos> are no training target of a BPE model: sampled hot, they came out (<unk> literally)."""
+    import attnlab.cli.generate as generate_cli
+    from attnlab.data.tokenizers import SPECIALS, BPETokenizer, CharTokenizer
+
+    assert BPETokenizer.special_ids == tuple(range(len(SPECIALS))) and CharTokenizer.special_ids == (0,)
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    assert invoke("train", "lm", "--text", text, "--out", tmp_path / "bpe", *TINY, "--tokenizer", "bpe",
+                  "--bpe-vocab-size", "60").exit_code == 0
+    drawn = []
+    sample = generate_cli.generate
+    monkeypatch.setattr(generate_cli, "generate", lambda *a, **k: (drawn.append(t) or t for t in sample(*a, **k)))
+    hot = invoke("generate", tmp_path / "bpe", "--prompt", "the", "--max-new-tokens", 600, "--temperature", 100,
+                 "--seed", 0)
+    assert hot.exit_code == 0 and len(drawn) == 600  # near uniform: each special id would come about 10 times
+    assert not set(drawn) & set(BPETokenizer.special_ids) and "<unk>" not in hot.stdout
 
 
 def test_a_resumed_bpe_run_encodes_with_its_saved_tokenizer_and_keeps_the_file(tmp_path, monkeypatch):
@@ -504,7 +542,11 @@ def test_a_time_budget_can_be_raised_on_resume_and_an_ended_run_says_why_it_cann
     first = invoke("train", "lm", "--text", text, "--out", timed, *TINY, "--max-seconds", "0.0001")
     assert first.exit_code == 0 and "stopped by --max-seconds" in first.stdout
     again = invoke("train", "lm", "--text", text, "--out", timed, "--resume", "--no-progress")
-    assert again.exit_code == 2 and "stopped at its time budget" in again.stderr and "after 1 of 80 steps" in again.stderr
+    assert again.exit_code == 2 and "all of its time budget (--max-seconds 0.0001), after 1 of 80 steps" in again.stderr
+    smaller = invoke("train", "lm", "--text", text, "--out", timed, "--resume", "--max-seconds", "0.00005")
+    assert "all of its time budget (--max-seconds 5e-05)" in smaller.stderr  # the budget this resume gives
+    spent = json.loads((timed / "checkpoint" / "trainer.json").read_text())["trainer"]["elapsed"]
+    assert f"has used {spent:.1f} s of training" in smaller.stderr and f"larger than {spent:.1f} (0: no limit)" in smaller.stderr
     longer = invoke("train", "lm", "--text", text, "--out", timed, "--resume", "--max-seconds", "0", "--no-progress")
     assert longer.exit_code == 0, longer.output
     assert "ignored" not in longer.stderr and "the run's saved settings" in longer.stdout

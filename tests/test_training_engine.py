@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -208,6 +209,52 @@ def test_a_checkpoint_without_its_random_state_is_named_damaged(tmp_path):
     path = tmp_path / "run/checkpoint/optimizer.safetensors"
     save_file({k: v for k, v in load_file(str(path)).items() if not k.startswith("rng.")}, str(path))
     with pytest.raises(AttnlabError, match="damaged: it holds no random generator state"):
+        train(tmp_path / "run", steps=8, resume=True)
+
+
+def test_a_resume_whose_best_weights_were_deleted_keeps_the_next_evaluations(tmp_path, capsys):
+    train(tmp_path / "run", steps=4)
+    (tmp_path / "run/model.safetensors").unlink()
+    path = tmp_path / "run/checkpoint/trainer.json"  # a best that no later evaluation beats
+    meta = json.loads(path.read_text())
+    meta["trainer"]["best_score"] = 1e9
+    path.write_text(json.dumps(meta))
+    train(tmp_path / "run", steps=8, resume=True)
+    assert (tmp_path / "run/model.safetensors").is_file()  # (never written again: every command that loads failed)
+    assert "the best weights so far (step 4), is missing: the next evaluation's weights are kept" in capsys.readouterr().err
+
+
+def _damage_optimizer(tensors):
+    shape = tensors["state.0.exp_avg"].shape
+    return {**tensors, "state.0.exp_avg": torch.zeros(7, 3)}, re.escape(f"state.0.exp_avg is (7, 3), its parameter {tuple(shape)}")
+
+
+@pytest.mark.parametrize("damage", [
+    _damage_optimizer,  # fused AdamW computed with it
+    lambda t: ({k: v for k, v in t.items() if k != "state.1.exp_avg"}, "its parameters' states hold different entries"),
+    lambda t: ({k: v for k, v in t.items() if not k.endswith(".exp_avg")}, "the optimizer's state lacks exp_avg"),
+    lambda t: ({**t, "state.0": torch.zeros(1)}, "state.0 is no state of this optimizer's"),
+    lambda t: ({**t, "state.x.exp_avg": torch.zeros(1)}, "state.x.exp_avg is no state of this optimizer's"),
+    lambda t: ({**t, "rng.torch": torch.zeros(10, dtype=torch.uint8)}, "its random generator state: Expected a"),
+    lambda t: ({**t, "rng.torch": torch.zeros(5056)}, "its random generator state: RNG state must be a torch.ByteTensor"),
+])
+def test_a_checkpoint_whose_optimizer_or_random_state_does_not_fit_is_named_damaged(tmp_path, damage):
+    train(tmp_path / "run", steps=4)
+    path = tmp_path / "run/checkpoint/optimizer.safetensors"
+    tensors, message = damage(load_file(str(path)))
+    save_file(tensors, str(path))
+    with pytest.raises(AttnlabError, match="checkpoint in .* is damaged: " + message):
+        train(tmp_path / "run", steps=8, resume=True)
+
+
+@pytest.mark.parametrize("key, value", [("best_score", "x"), ("tokens", None), ("stopped_early", 1), ("best", [])])
+def test_a_checkpoint_whose_counters_are_of_other_kinds_is_named_damaged(tmp_path, key, value):
+    train(tmp_path / "run", steps=4)
+    path = tmp_path / "run/checkpoint/trainer.json"
+    meta = json.loads(path.read_text())
+    meta["trainer"][key] = value
+    path.write_text(json.dumps(meta))
+    with pytest.raises(AttnlabError, match=re.escape(f"damaged: trainer.json's {key} is {value!r}")):
         train(tmp_path / "run", steps=8, resume=True)
 
 def test_checkpoint_round_trip_restores_optimizer_and_rng(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from attnlab.cli.params import PathParam, default_output
+from attnlab.cli.params import PathParam, default_output, progress_option
 from attnlab.cli.translate import decode_options, decode_settings, report_warnings, translate_with_progress
 from attnlab.errors import AttnlabError
 
@@ -22,7 +22,7 @@ from attnlab.errors import AttnlabError
                    "per beam size and length penalty; hyp.<src-file name>.beam1.txt for greedy search).")
 @decode_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (bleu, chrf, signature, ...).")
-@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+@progress_option()
 def eval_translate(run: Path, src_file: Path, ref_file: Path, hyp_out: Path | None, beam: int, length_penalty: float,
                    max_len_a: float, max_len_b: int, threads: int | None, as_json: bool, progress: bool) -> None:
     """Translate --src-file with RUN and score it against --ref-file.

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli.lazy import LazyGroup
-from attnlab.cli.params import PathParam
+from attnlab.cli.params import PathParam, progress_option
 
 #: experiment name -> "module:attribute" of its click command.
 EXPERIMENT_COMMANDS: dict[str, str] = {
@@ -30,7 +30,7 @@ def experiment() -> None:
               help="Training steps of each model (>= 1). [default: 300]")
 @click.option("--sample-tokens", type=click.IntRange(min=1), default=200, show_default=True,
               help="Free-running tokens per model (>= 1).")
-@click.option("--progress/--no-progress", default=False, help="Progress bars while training.")
+@progress_option(default=False, what=" while training")
 def leak(text: Path, out: Path, steps: int | None, sample_tokens: int, progress: bool) -> None:
     """Train a causal and an unmasked ("leaky") tiny LM for the same budget, and show how only generation
     and the causal check expose the leak (seed 000, review question 4).

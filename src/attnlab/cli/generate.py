@@ -112,7 +112,7 @@ def _generate(model: DecoderLM, tokenizer: Tokenizer, prompt: str, prompt_ids: l
     started = time.perf_counter()
     # Called before the prompt is printed: it refuses bad arguments when called, so a refusal prints nothing.
     tokens = generate(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                      greedy=greedy, seed=seed, use_cache=use_cache, banned=[tokenizer.pad_id])
+                      greedy=greedy, seed=seed, use_cache=use_cache, banned=tokenizer.special_ids)
     out = sys.stdout
     out.write(prompt)
     out.flush()

@@ -1,9 +1,10 @@
-"""Click parameter types shared by the commands."""
+"""Click parameter types and options shared by the commands."""
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,9 @@ def default_output(path: Path, option: str) -> Path:
 #: about 256,000): Hugging Face's trainer allocates for the size asked before it reads a word, and a size of ten
 #: billion aborted the process with a Rust backtrace instead of an error.
 BPE_VOCAB = click.IntRange(min=1, max=2**20)
+
+
+def progress_option(*, default: bool = True, what: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The ``--progress/--no-progress`` option of the commands that show a bar (``what``: when, if not always)."""
+    return click.option("--progress/--no-progress", default=default, show_default=True,
+                        help=f"A progress bar{what} on stderr, when stderr is a terminal.")

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED
-from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads
+from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads, progress_option
 from attnlab.cli.translate import report_warnings
 
 
@@ -92,7 +92,7 @@ def _refuse_other_training_data(name: str, given: Path, run_config: dict, train:
 @click.option("--vocab-size", type=BPE_VOCAB, default=10000, show_default=True)
 @click.option("--seed", type=SEED, default=0, show_default=True, help="The seed of both models (the same weights to start).")
 @click.option("--threads", type=Threads(), default=None, help="torch CPU threads (default or 0: torch's choice).")
-@click.option("--progress/--no-progress", default=True)
+@progress_option(what=" while training")
 def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path, correct: Path | None,
                     leaky: Path | None, max_seconds: float, max_steps: int, eval_every: int, vocab_size: int,
                     seed: int, threads: int | None, progress: bool) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED
-from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads
+from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads, progress_option
 from attnlab.cli.train import says_how_to_continue
 from attnlab.tasks.classify_train import MODEL_KINDS, ClassifySettings, train_classifier
 from attnlab.tasks.tables import TABLE_FORMATS
@@ -84,7 +84,7 @@ def _default(name: str) -> str:
 @click.option("--threads", type=Threads(), default=None,
               help="torch threads (0: torch's default, one per core; 2 may help on an otherwise idle machine). [default: 1]")
 @click.option("--seed", type=SEED, default=None, help=f"{_default('seed')}")
-@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+@progress_option()
 @says_how_to_continue("--checkpoint-every N saves one every N steps")
 def train_classify(train_path: Path, valid_path: Path | None, out: Path, resume: bool, progress: bool,
                    **overrides: object) -> None:

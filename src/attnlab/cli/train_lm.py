@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED, omp_wait  # noqa: F401  (omp_wait: before torch is imported)
-from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads
+from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads, progress_option
 from attnlab.cli.train import says_how_to_continue
 from attnlab.tasks.lm import LMData
 from attnlab.tasks.lm_train import LM_PRESETS, LMReport, train_language_model
@@ -41,49 +41,76 @@ def _steps(report: LMReport) -> str:
     return done
 
 
+def _preset(field: str, text: str = "") -> str:
+    """``text`` and what the presets set ``field`` to: ``[preset: 4]`` when they agree, else each one's value."""
+
+    def shown(value: object) -> str:
+        if value is None:  # (bf16: where it pays)
+            return "on where the CPU or GPU computes in bfloat16 natively"
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    values = {name: shown(getattr(preset, field)) for name, preset in LM_PRESETS.items()}
+    if len(set(values.values())) == 1:
+        return f"{text} [preset: {next(iter(values.values()))}]".strip()
+    return f"{text} [{'; '.join(f'{name}: {value}' for name, value in values.items())}]".strip()
+
+
 @click.command("lm")
 @click.option("--text", "text", type=PathParam(path_type=Path), required=True, help="A UTF-8 text file.")
 @click.option("--out", "out", type=PathParam(path_type=Path), required=True, help="The run folder to write.")
 @click.option("--preset", type=click.Choice(list(LM_PRESETS)), default="nanogpt-cpu", show_default=True,
               help="Starting settings; the options below override them.")
-@click.option("--tokenizer", type=click.Choice(["char", "bpe"]), default=None, help="[preset: char]")
-@click.option("--bpe-vocab-size", type=BPE_VOCAB, default=None, help="BPE vocabulary size. [preset: 2000]")
-@click.option("--val-fraction", type=FiniteFloat(0, 1, min_open=True, max_open=True), default=None, help="Last fraction of the file held out. [preset: 0.1]")
-@click.option("--layers", type=click.IntRange(min=1), default=None)
-@click.option("--heads", type=click.IntRange(min=1), default=None)
-@click.option("--width", type=click.IntRange(min=1), default=None, help="Model width d_model.")
-@click.option("--context", type=click.IntRange(min=1), default=None, help="Context length (position table size).")
-@click.option("--positions", type=click.Choice(["learned", "sinusoidal", "rotary"]), default=None)
+@click.option("--tokenizer", type=click.Choice(["char", "bpe"]), default=None, help=_preset("tokenizer"))
+@click.option("--bpe-vocab-size", type=BPE_VOCAB, default=None, help=_preset("bpe_vocab_size", "BPE vocabulary size."))
+@click.option("--val-fraction", "--valid-fraction", "val_fraction", type=FiniteFloat(0, 1, min_open=True, max_open=True),
+              default=None, help=_preset("val_fraction", "Last fraction of the file held out."))
+@click.option("--layers", type=click.IntRange(min=1), default=None, help=_preset("layers"))
+@click.option("--heads", type=click.IntRange(min=1), default=None, help=_preset("heads"))
+@click.option("--width", "--d-model", "width", type=click.IntRange(min=1), default=None,
+              help=_preset("width", "Model width d_model."))
+@click.option("--context", type=click.IntRange(min=1), default=None,
+              help=_preset("context", "Context length (position table size)."))
+@click.option("--positions", type=click.Choice(["learned", "sinusoidal", "rotary"]), default=None,
+              help=_preset("positions"))
 @click.option("--bias/--no-bias", default=None,
-              help="Biases in the linear layers and layer norms. [nanogpt-cpu: none, as nanoGPT; shakespeare-fast: on]")
-@click.option("--dropout", type=FiniteFloat(0, 1, max_open=True), default=None)
-@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Windows per micro-batch.")
+              help=_preset("bias", "Biases in the linear layers and layer norms (nanoGPT's CPU recipe has none)."))
+@click.option("--dropout", type=FiniteFloat(0, 1, max_open=True), default=None, help=_preset("dropout"))
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help=_preset("batch_size", "Windows per micro-batch."))
 @click.option("--grad-accum", type=click.IntRange(min=1, max=2**16), default=None,
-              help="Micro-batches per optimizer step (a batch of batch-size x grad-accum windows; at most 65,536, drawn "
-                   "before the step). [preset: 1]")
-@click.option("--steps", type=click.IntRange(min=1), default=None, help="Optimizer steps; may be changed on --resume (the schedule is re-planned).")
-@click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None, help="Peak learning rate.")
-@click.option("--min-lr", type=FiniteFloat(min=0), default=None, help="End of the cosine decay.")
-@click.option("--warmup", type=click.IntRange(min=0), default=None, help="Linear warmup steps.")
-@click.option("--weight-decay", type=FiniteFloat(min=0), default=None)
-@click.option("--grad-clip", type=FiniteFloat(min=0), default=None, help="Gradient norm clip (0: off).")
+              help=_preset("grad_accum", "Micro-batches per optimizer step (a batch of batch-size x grad-accum "
+                                         "windows; at most 65,536, drawn before the step)."))
+@click.option("--steps", type=click.IntRange(min=1), default=None,
+              help=_preset("steps", "Optimizer steps; may be changed on --resume (the schedule is re-planned)."))
+@click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None, help=_preset("lr", "Peak learning rate."))
+@click.option("--min-lr", type=FiniteFloat(min=0), default=None, help=_preset("min_lr", "End of the cosine decay."))
+@click.option("--warmup", type=click.IntRange(min=0), default=None, help=_preset("warmup", "Linear warmup steps."))
+@click.option("--weight-decay", type=FiniteFloat(min=0), default=None, help=_preset("weight_decay"))
+@click.option("--grad-clip", type=FiniteFloat(min=0), default=None,
+              help=_preset("grad_clip", "Gradient norm clip (0: off)."))
 @click.option("--ema", "ema_decay", type=FiniteFloat(0, 1, max_open=True), default=None,
-              help="Evaluate and keep a moving average of the weights with this decay per step (0: off).")
-@click.option("--eval-every", type=click.IntRange(min=0), default=None, help="Evaluate every N steps (0: only at the end).")
+              help=_preset("ema_decay", "Evaluate and keep a moving average of the weights with this decay per step "
+                                        "(0: off)."))
+@click.option("--eval-every", type=click.IntRange(min=0), default=None,
+              help=_preset("eval_every", "Evaluate every N steps (0: only at the end)."))
 @click.option("--checkpoint-every", type=click.IntRange(min=0), default=None,
-              help="Also write the resume checkpoint every N steps (0: at evaluations only). [preset: 0]")
-@click.option("--eval-iters", type=click.IntRange(min=1), default=None, help="Validation batches per evaluation during training.")
-@click.option("--final-eval-iters", type=click.IntRange(min=1), default=None, help="Validation batches of the final loss.")
-@click.option("--bf16/--no-bf16", default=None,
-              help="bfloat16 autocast. [nanogpt-cpu: off; shakespeare-fast: on where the CPU or GPU computes in "
-                   "bfloat16 natively]")
-@click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile the model.")
-@click.option("--threads", type=Threads(), default=None, help="torch threads (0: one per core).")
-@click.option("--seed", type=SEED, default=None)
+              help=_preset("checkpoint_every", "Also write the resume checkpoint every N steps (0: at evaluations "
+                                               "only)."))
+@click.option("--eval-iters", type=click.IntRange(min=1), default=None,
+              help=_preset("eval_iters", "Validation batches per evaluation during training."))
+@click.option("--final-eval-iters", type=click.IntRange(min=1), default=None,
+              help=_preset("final_eval_iters", "Validation batches of the final loss."))
+@click.option("--bf16/--no-bf16", default=None, help=_preset("bf16", "bfloat16 autocast."))
+@click.option("--compile/--no-compile", "compile_", default=None, help=_preset("compile", "torch.compile the model."))
+@click.option("--threads", type=Threads(), default=None, help=_preset("threads", "torch threads (0: one per core)."))
+@click.option("--seed", type=SEED, default=None, help=_preset("seed"))
 @click.option("--max-seconds", type=FiniteFloat(min=0), default=None,
-              help="Stop training after this many seconds in all (0: no limit); may be raised on --resume.")
+              help=_preset("max_seconds", "Stop training after this many seconds in all (0: no limit); may be raised "
+                                          "on --resume."))
 @click.option("--resume", is_flag=True, help="Continue from RUN/checkpoint.")
-@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+@progress_option()
 @says_how_to_continue("--checkpoint-every N saves one every N steps")
 def train_lm(text: Path, out: Path, preset: str, compile_: bool | None, resume: bool, progress: bool,
              **overrides: object) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED
-from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads
+from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads, progress_option
 from attnlab.cli.train import says_how_to_continue
 from attnlab.cli.translate import report_warnings
 from attnlab.errors import AttnlabError
@@ -67,7 +67,7 @@ _SETTING_KEYS = {"layers": ("num_layers",), "heads": ("num_heads",), "warmup": (
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its checkpoint.")
 @click.option("--no-look-ahead-mask", "leak", is_flag=True, hidden=True,
               help="Train without the decoder's look-ahead mask (the teacher-forcing experiment's broken model).")
-@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
+@progress_option()
 @says_how_to_continue("checkpoints are saved at each validation, --eval-every N, and every --checkpoint-every N steps")
 def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint_vocab: bool, vocab_size: int,
                     share_embeddings: bool, tie_output: bool, d_model: int, layers: int, heads: int, d_ff: int,

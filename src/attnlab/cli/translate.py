@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from attnlab.cli.params import FiniteFloat, PathParam, Threads
+from attnlab.cli.params import FiniteFloat, PathParam, Threads, progress_option
 from attnlab.errors import AttnlabError
 
 
@@ -76,7 +76,7 @@ def translate_with_progress(translator: Any, lines: list[str], settings: Any, pr
               help="Write the translations here, one a line (written atomically; .gz: compressed); - or none: "
                    "stdout.")
 @decode_options
-@click.option("--progress/--no-progress", default=True, help="Progress bar in file mode.")
+@progress_option(what=" in file mode (--input)")
 def translate(run: Path, sentence: str | None, input_path: Path | None, output_path: Path | None, beam: int,
               length_penalty: float, max_len_a: float, max_len_b: int, threads: int | None, progress: bool) -> None:
     """Translate SENTENCE (or the --input file) with the trained run RUN."""

@@ -34,6 +34,8 @@ class Tokenizer(Protocol):
 
     kind: str
     pad_id: int
+    #: ids that stand for no text (padding, unknown, sequence marks): never a language model's training target.
+    special_ids: tuple[int, ...]
 
     @property
     def vocab_size(self) -> int: ...
@@ -59,6 +61,7 @@ class WordTokenizer:
 
     kind = "word"
     pad_id = PAD_ID
+    special_ids = (PAD_ID, UNK_ID)
 
     def __init__(self, itos: list[str]) -> None:
         self.itos = itos
@@ -97,6 +100,7 @@ class CharTokenizer:
 
     kind = "char"
     pad_id = PAD_ID
+    special_ids = (PAD_ID,)
 
     def __init__(self, chars: list[str]) -> None:
         self.chars = chars
@@ -137,6 +141,7 @@ class BPETokenizer:
 
     kind = "bpe"
     pad_id = PAD_ID
+    special_ids = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
 
     def __init__(self, tokenizer) -> None:  # a tokenizers.Tokenizer
         self.hf = _literal_specials(tokenizer)

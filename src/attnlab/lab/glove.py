@@ -132,7 +132,7 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
     width: int | None = None
     count = 0
     try:
-        with path.open(encoding="utf-8") as lines:
+        with path.open(encoding="utf-8-sig") as lines:  # (a byte-order mark would join the first word)
             for lineno, line in enumerate(lines, start=1):
                 line = line.rstrip()
                 if not line:

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from attnlab.errors import AttnlabError
-from attnlab.files import remove_abandoned
+from attnlab.files import atomic_path, remove_abandoned
 from attnlab.lab.html import Section, esc
 
 HTML_NAME = "index.html"
@@ -170,7 +170,9 @@ class Staging:
             (self.path / HTML_NAME).write_text(html, encoding="utf-8")
             if self._into_existing:
                 for name in (NUMBERS_NAME, HTML_NAME):  # the page last: its presence means "complete"
-                    os.replace(self.path / name, self.out / name)
+                    with atomic_path(self.out / name) as tmp:  # (through a symlink to its target, as files write)
+                        shutil.copyfile(self.path / name, tmp)
+                    (self.path / name).unlink()
                 self.path.rmdir()
             else:
                 os.rename(self.path, self.out)

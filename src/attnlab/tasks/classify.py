@@ -191,7 +191,11 @@ def load_classifier(run_dir: str | Path) -> Classifier:
         # a label per output, each once: another list would name the model's answers wrongly, or not at all
         raise AttnlabError(f"{run_dir / 'config.json'} lists {len(labels)} labels ({len(set(labels))} distinct) for "
                            f"a model of {classes} classes: the run folder mixes files of different runs")
-    tokenizer = load_tokenizer(run_dir / config.get("tokenizer", TOKENIZER), model.encoder.embed.vocab_size)
-    if "max_positions" not in config:
-        raise AttnlabError(f"{run_dir / 'config.json'} does not say the model's max_positions")
+    name, positions = config.get("tokenizer", TOKENIZER), config.get("max_positions")
+    if not isinstance(name, str) or not name:
+        raise AttnlabError(f"{run_dir / 'config.json'} names its tokenizer file {name!r}, not a file name")
+    tokenizer = load_tokenizer(run_dir / name, model.encoder.embed.vocab_size)
+    if isinstance(positions, bool) or not isinstance(positions, int) or positions < 1:  # (a slice of -3 cut texts)
+        raise AttnlabError(f"{run_dir / 'config.json'} gives the model's max_positions as {positions!r}, not a "
+                           "count of positions")
     return Classifier(model, tokenizer, labels, config)

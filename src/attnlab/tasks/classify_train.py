@@ -52,6 +52,7 @@ from attnlab.training.checkpoint import (
     model_config,
     read_run_config,
     refuse_ended,
+    refuse_input_in_run,
     refuse_restart_over_a_report,
     write_run_config,
 )
@@ -155,6 +156,8 @@ class ClassifySettings:
             raise AttnlabError(f"unknown model {self.model!r}; choose one of {', '.join(MODEL_KINDS)}")
         if self.tokenizer not in ("word", "bpe"):
             raise AttnlabError(f"unknown tokenizer {self.tokenizer!r}; choose word or bpe")
+        if not self.glove.strip():  # Path("") would be the current folder
+            raise AttnlabError("--glove is empty: give auto, none or a GloVe text file")
         if self.batch_size < 1 or self.epochs < 0 or self.max_positions < 1 or self.max_epochs < 1:
             raise AttnlabError("batch size, max epochs and max positions must be at least 1, epochs at least 0")
         if new_run and not self.epochs and not self.steps and not self.max_seconds:
@@ -445,6 +448,8 @@ def train_classifier(
     started = time.perf_counter()
     out = Path(out)
     refuse_non_folder(out, "--out")
+    refuse_input_in_run(train_path, "--train", run=out)
+    refuse_input_in_run(valid_path, "--valid", run=out)
     main = is_main_process()
     note = on_note if main else (lambda _line: None)
     saved: dict[str, Any] | None = None

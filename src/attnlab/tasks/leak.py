@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import shutil
 import sys
 from collections.abc import Callable
@@ -182,7 +183,8 @@ class LeakResult:
 
 #: What the experiment writes in its ``out`` folder. A folder holding any of them (a finished experiment, or
 #: the start of one that stopped) is refused before anything is written: nothing is overwritten or mixed.
-OUT_ENTRIES = ("causal", "leaky", "check_models.py", "leak.json", "leak.png")
+CHECK_FILE = "check_models.py"  # the factories `attnlab check` loads the two models with
+OUT_ENTRIES = ("causal", "leaky", CHECK_FILE, "leak.json", "leak.png")
 
 #: The causal check's contract needs a vocabulary of at least 4 ids: 3 distinct characters and the padding id.
 MIN_DISTINCT_CHARACTERS = 3
@@ -271,7 +273,7 @@ def _run(data: LMData, text: str | Path, out: Path, settings: LMSettings, sample
     prompt_ids = data.val[: settings.context // 2].tolist()
     prompt = tokenizer.decode(prompt_ids)
     uniform = math.log(tokenizer.vocab_size - 1)  # the padding id is never a target
-    write_text_atomic(out / "check_models.py", CHECK_FACTORIES)
+    write_text_atomic(out / CHECK_FILE, CHECK_FACTORIES)
     rows, reports, commands, curves = [], {}, {}, {}
     contract = Contract("decoder", pad_id=None, vocab_size=tokenizer.vocab_size, max_length=settings.context)
     for name, cls in (("causal", DecoderLM), ("leaky", LeakyDecoderLM)):
@@ -281,14 +283,14 @@ def _run(data: LMData, text: str | Path, out: Path, settings: LMSettings, sample
                                              task_name="lm" if cls is DecoderLM else LEAKY_TASK_NAME, data=data,
                                              measure_peak=False)
         curves[name] = _training_curve(run)
-        check = run_checks(model, contract, seeds=5, spec=f"{out / 'check_models.py'}:{name}")
+        check = run_checks(model, contract, seeds=5, spec=f"{out / CHECK_FILE}:{name}")
         reports[name] = check
-        commands[name] = (f"attnlab check {out / 'check_models.py'}:{name} --kind decoder --pad-id none "
+        commands[name] = (f"attnlab check {shlex.quote(f'{out / CHECK_FILE}:{name}')} --kind decoder --pad-id none "
                           f"--vocab-size {tokenizer.vocab_size} --max-length {settings.context}")
         causal_result = check.result("causal")
         # No cache: a cache would hide the leak (each cached position was computed before its future existed).
         sample_ids = list(generate(model, prompt_ids, sample_tokens, seed=0, use_cache=False,
-                                   banned=[tokenizer.pad_id]))
+                                   banned=tokenizer.special_ids))
         rows.append(LeakRow(
             name=name, val_loss=report.val_loss,
             same_windows_teacher_forced=teacher_forced_loss(model, data.val, context=settings.context),

@@ -60,7 +60,7 @@ def read_text(path: str | Path) -> str:
         raise AttnlabError(f"{path} is a folder, not a text file")
     if not path.is_file():
         raise AttnlabError(f"no text file {path}")
-    text = decode_utf8(path.read_bytes(), path)
+    text = decode_utf8(path.read_bytes(), path, bom=True)  # an editor's byte-order mark is no character of the text
     if not text:
         raise AttnlabError(f"{path} is empty")
     return text

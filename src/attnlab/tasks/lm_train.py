@@ -57,6 +57,7 @@ from attnlab.training.checkpoint import (
     model_config,
     read_run_config,
     refuse_ended,
+    refuse_input_in_run,
     refuse_restart_over_a_report,
     write_run_config,
 )
@@ -294,6 +295,7 @@ def train_language_model(
     """
     started = time.perf_counter()
     refuse_non_folder(out, "--out")
+    refuse_input_in_run(None if data is not None else text, "--text", run=out)
     run_config: dict[str, Any] | None = None
     if resume:  # the saved settings win: a resumed run must repeat the steps of the one it continues
         run_config = read_run_config(out, task_name)

@@ -117,7 +117,7 @@ def generate(
         seed: seeds the sampling generator (None: a fresh random seed).
         use_cache: one position per step through the KV caches (else the whole window every step).
         keep: tokens kept when the window slides (default half the context, at least 1).
-        banned: ids never produced (the padding id, which no training target holds).
+        banned: ids never produced (the tokenizer's special ids, which no training target holds).
 
     Raises:
         AttnlabError: on a bad argument, when called (not at the first token), so that nothing is printed first.

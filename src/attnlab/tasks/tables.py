@@ -110,6 +110,9 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
                 count = len(fields) + len(row.get(None) or []) if None in row else sum(v is not None for v in row.values())
                 raise AttnlabError(f"{path}:{reader.line_num}: {count} field{'s' if count != 1 else ''} where the "
                                    f"header has {len(fields)}; quote a text that holds the delimiter")
+            if list(row.values()) == fields:  # files joined with their headers: its names would become a text and a
+                raise AttnlabError(f"{path}:{reader.line_num}: this row repeats the header ({delimiter.join(fields)}), "
+                                   "as when two exports are joined; remove it")  # class of their own, silently
             rows.append(dict(row))
             ended = reader.line_num
     except csv.Error as err:

@@ -105,6 +105,28 @@ def refuse_overwriting(path: str | Path, option: str, *, run: str | Path,
                            "metrics, loss plot or checkpoint); writing there would break the run: choose another name")
 
 
+#: The files a training writes into its run folder by these names (and CHECKPOINT/, written whole).
+RUN_FILES = (CONFIG, WEIGHTS, TOKENIZER, METRICS_FILE, LOSS_PLOT, RESULT)
+
+
+def refuse_input_in_run(path: str | Path | None, option: str, *, run: str | Path) -> None:
+    """Refuse an input file of a training that the training would overwrite: a file of its run folder ``run``
+    named as one the run writes (:data:`RUN_FILES`), or one in its checkpoint.
+
+    Raises:
+        AttnlabError: naming the option, the file and what the run writes there.
+    """
+    if path is None:
+        return
+    run_dir, target = Path(run).resolve(), Path(path).resolve()
+    if run_dir not in target.parents:
+        return
+    inside = target.relative_to(run_dir)
+    if inside.parts[0] == CHECKPOINT or (len(inside.parts) == 1 and inside.name in RUN_FILES):
+        raise AttnlabError(f"{option} {path} is a file the run writes in its folder {run} ({inside}): training would "
+                           "overwrite it; move it out of the folder or choose another --out")
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The model inside a DistributedDataParallel (or compiled) wrapper."""
     model = getattr(model, "module", model)
@@ -173,6 +195,8 @@ def build_model(spec: dict[str, Any]) -> nn.Module:
     if not isinstance(spec, dict) or not isinstance(spec.get("kwargs"), dict):
         raise AttnlabError("model description in the config is not usable: it needs 'class' and 'kwargs'")
     name = spec.get("class")
+    if not isinstance(name, str):
+        raise AttnlabError(f"model description in the config is not usable: its class is {name!r}, not a name")
     if name not in MODEL_CLASSES and name in MODEL_MODULES:
         importlib.import_module(MODEL_MODULES[name])  # registers it
     cls = MODEL_CLASSES.get(name)
@@ -354,12 +378,39 @@ def refuse_ended(run_dir: str | Path, *, steps: int, max_seconds: float, steps_o
                            "takes no further step; train a new run with a larger --patience (0: none)")
     # (a run that has reached its last step has finished, whatever its time: the budget did not stop it)
     if max_seconds and seconds >= max_seconds and reached < steps and (reported or lengthened):
-        raise AttnlabError(f"{run_dir} stopped at its time budget, --max-seconds {max_seconds:g}, after {reached} of "
-                           f"{steps} steps ({seconds:.1f} s); resume with a larger --max-seconds (0: no limit)")
+        # (the budget in force: the run's own, or the one this resume gives, which may be smaller than it was)
+        raise AttnlabError(f"{run_dir} has used {seconds:.1f} s of training, all of its time budget (--max-seconds "
+                           f"{max_seconds:g}), after {reached} of {steps} steps; resume with a --max-seconds larger "
+                           f"than {seconds:.1f} (0: no limit)")
     if reported and reached >= steps:
         raise AttnlabError(f"{run_dir} has finished its {reached} steps (its report is in {RESULT}); nothing to "
                            f"resume, unless with {steps_option} more than {reached} to take it further")
     return reached
+
+
+def _optimizer_state(tensors: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
+    """The per-parameter state of ``optimizer.state_dict()`` from its saved ``state.INDEX.KEY`` tensors, checked
+    against the optimizer's parameters: torch would take moments of another shape (and its fused kernel compute
+    with them), or fail later deep inside a step on a missing one. ValueError names what does not fit."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    per_param: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        parts = name.split(".", 2)
+        if len(parts) != 3 or parts[0] != "state" or not parts[1].isdigit() or int(parts[1]) >= len(params):
+            raise ValueError(f"{name} is no state of this optimizer's {len(params)} parameters")
+        per_param.setdefault(int(parts[1]), {})[parts[2]] = value
+    keys = {frozenset(state) for state in per_param.values()}
+    if len(keys) > 1:
+        raise ValueError(f"its parameters' states hold different entries: {sorted(sorted(k) for k in keys)}")
+    needed = {"step", "exp_avg", "exp_avg_sq"} if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) else set()
+    if per_param and not needed <= next(iter(keys)):
+        raise ValueError(f"the optimizer's state lacks {', '.join(sorted(needed - next(iter(keys))))}")
+    for index, state in per_param.items():
+        for key, value in state.items():
+            if value.dim() and value.shape != params[index].shape:
+                raise ValueError(f"state.{index}.{key} is {tuple(value.shape)}, its parameter "
+                                 f"{tuple(params[index].shape)}")
+    return per_param
 
 
 def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,
@@ -387,14 +438,17 @@ def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.opti
     rng = {name: tensors.pop(name) for name in [n for n in tensors if n.startswith("rng.")]}
     if "rng.torch" not in rng:
         raise AttnlabError(f"checkpoint in {folder} is damaged: it holds no random generator state")
-    torch.set_rng_state(rng.get(_rng_key("torch", rank), rng["rng.torch"]))
-    cuda = rng.get(_rng_key("cuda", rank), rng.get("rng.cuda"))
-    if cuda is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(cuda)
-    per_param: dict[int, dict[str, torch.Tensor]] = {}
-    for name, value in tensors.items():
-        _, index, key = name.split(".", 2)
-        per_param.setdefault(int(index), {})[key] = value
+    try:  # checked before anything is set: a damaged checkpoint leaves the model's optimizer and streams alone
+        per_param = _optimizer_state(tensors, optimizer)
+    except ValueError as err:
+        raise AttnlabError(f"checkpoint in {folder} is damaged: {err}") from err
+    try:
+        torch.set_rng_state(rng.get(_rng_key("torch", rank), rng["rng.torch"]))
+        cuda = rng.get(_rng_key("cuda", rank), rng.get("rng.cuda"))
+        if cuda is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(cuda)
+    except (RuntimeError, TypeError) as err:  # a state of another size or type
+        raise AttnlabError(f"checkpoint in {folder} is damaged: its random generator state: {err}") from err
     # The optimizer was built from this run's settings: it takes the saved moments, but keeps its own weight
     # decay, betas and the rest (load_state_dict would put back the saved ones under settings that say otherwise).
     settings = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]

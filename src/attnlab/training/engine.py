@@ -315,8 +315,13 @@ class Trainer:
         if not has_checkpoint(self.out):
             raise AttnlabError(f"nothing to resume in {self.out}: no checkpoint/ folder")
         refuse_shorter(self.out, self.config.max_steps, "max_steps")  # it would take no step, and record a length
-        self.state.update(load_checkpoint(self.out, self.model, self.optimizer, averaged=self.averaged,
-                                          rank=self.place.rank))
+        counters = load_checkpoint(self.out, self.model, self.optimizer, averaged=self.averaged, rank=self.place.rank)
+        for key, value in counters.items():  # what the engine computes with must be of its own kinds
+            own = self.state.get(key)
+            if own is not None and not _same_kind(own, value):
+                raise AttnlabError(f"checkpoint in {self.out / CHECKPOINT} is damaged: trainer.json's {key} is "
+                                   f"{value!r}, not {type(own).__name__}")
+        self.state.update(counters)
         saved_world = self.state.get("world")  # None: written before checkpoints recorded it
         if self.place.is_main and saved_world is None and self.place.distributed:
             print("note: the checkpoint was written by an older attnlab, which kept the first process's random stream "
@@ -327,6 +332,13 @@ class Trainer:
                   f"has {self.place.world}: each global batch is split otherwise and the random streams of processes "
                   "past the first start again from the first's, so the run goes on validly but not as the "
                   "uninterrupted one would have", file=sys.stderr)
+        if math.isfinite(self.state["best_score"]) and not (self.out / WEIGHTS).is_file():
+            # Deleted since: without this, no later evaluation below the lost best would write them again, and
+            # the run would end without the weights every command loads.
+            if self.place.is_main:
+                print(f"note: {self.out / WEIGHTS}, the best weights so far (step {self.state['best'].get('step')}), "
+                      "is missing: the next evaluation's weights are kept, whatever their score", file=sys.stderr)
+            self.state.update(best_score=-math.inf, best={})
         self.checkpoint_step = self.state["step"]
         self._trim_metrics(self.state["step"])
 
@@ -518,6 +530,15 @@ class Trainer:
     def close(self) -> None:
         """Leave the process group."""
         distributed.teardown(self.place)
+
+
+def _same_kind(own: Any, value: Any) -> bool:
+    """Whether a saved counter ``value`` is of the kind of the engine's ``own``: a number (not a flag), a flag, a dict."""
+    if isinstance(own, bool) or isinstance(value, bool):
+        return isinstance(own, bool) and isinstance(value, bool)
+    if isinstance(own, numbers.Real):
+        return isinstance(value, numbers.Real)
+    return isinstance(value, type(own))
 
 
 def run_training(model: nn.Module, task: Task, config: TrainConfig, out: str | Path, *, resume: bool = False,
