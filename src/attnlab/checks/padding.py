@@ -53,9 +53,9 @@ ALONE_CAUSES = ("no padding mask, one turned the wrong way or put on the queries
 WIDTH_CAUSES = ("a padding mask built but not applied (in some layer, or in the pooling), or positions or pooling "
                 "that depend on the padded width")
 #: (The ids under the padding are the row's later tokens now, and the padding mask of their row changes with them.)
-UNDER_CAUSAL_PAD_CAUSES = ("real positions reading what comes after them, a look-ahead leak (see causal), or a row "
-                           "reading another row's mask, as a per-row mask laid out head-major where torch expects "
-                           "batch-major does (see batch-independence)")
+UNDER_CAUSAL_PAD_CAUSES = ("real positions reading what comes after them, a look-ahead leak (causal fails too then), "
+                           "or a row reading another row's mask, as a per-row mask laid out head-major where torch "
+                           "expects batch-major does (batch-independence fails too then)")
 
 
 def _fail(name: str, seed: int, done: int, what: str, row: int, diff: Difference, inputs: dict,

@@ -36,7 +36,7 @@ def eval_classify(run: Path, data: Path, text_column: str | None, label_column: 
     table = read_table(data, text_column=text_column or clf.config.get("text_column", "text"),
                        label_column=label_column, prefer_label_column=clf.config.get("label_column"))
     evaluation, truth, predicted = evaluate_table(clf, table)
-    evaluation.confusion_png = str(draw_confusion(truth, predicted, clf.labels, png))
+    evaluation.confusion_figure = str(draw_confusion(truth, predicted, clf.labels, png))
     if as_json:
         click.echo(json.dumps(evaluation.as_dict()))
         return
@@ -54,7 +54,7 @@ def eval_classify(run: Path, data: Path, text_column: str | None, label_column: 
         click.echo(f"labels not seen in training, counted as errors: {listed}")
     if evaluation.truncated:
         click.echo(f"{evaluation.truncated} texts were cut to the model's {clf.max_len} positions")
-    click.echo(f"confusion matrix: {evaluation.confusion_png}")
+    click.echo(f"confusion matrix: {evaluation.confusion_figure}")
     click.echo(f"accuracy {evaluation.accuracy:.2%} ({evaluation.correct}/{evaluation.total}) | "
                f"macro-F1 {evaluation.macro_f1:.4f}")
 

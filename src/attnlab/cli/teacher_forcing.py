@@ -17,6 +17,7 @@ import click
 from attnlab.cli import SEED
 from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads, progress_option
 from attnlab.cli.translate import report_warnings
+from attnlab.tasks.translate import TranslateSettings
 
 
 def _markdown(rows: list[dict]) -> str:
@@ -80,16 +81,18 @@ def _refuse_other_training_data(name: str, given: Path, run_config: dict, train:
 @click.command(name="teacher-forcing")
 @click.option("--train", "train", default=None, help="Training corpus prefix (to train both models).")
 @click.option("--valid", "valid", required=True, help="Validation corpus prefix: both measurements use it.")
-@click.option("--src", default="de", show_default=True)
-@click.option("--tgt", default="en", show_default=True)
+@click.option("--src", default=TranslateSettings.src, show_default=True, help="Source language suffix.")
+@click.option("--tgt", default=TranslateSettings.tgt, show_default=True, help="Target language suffix.")
 @click.option("--out", "out", required=True, type=PathParam(path_type=Path),
               help="Folder for the two runs (correct/, leaky/) and report.json, report.md.")
 @click.option("--correct", type=PathParam(path_type=Path), default=None, help="Use this trained run instead of training.")
 @click.option("--leaky", type=PathParam(path_type=Path), default=None, help="Use this trained leaky run.")
-@click.option("--max-seconds", type=FiniteFloat(min=0), default=300.0, show_default=True, help="Training budget of each model.")
+@click.option("--max-seconds", type=FiniteFloat(min=0), default=300.0, show_default=True,
+              help="Training budget of each model (0: none).")
 @click.option("--max-steps", type=click.IntRange(min=1), default=1_000_000, show_default=True)
-@click.option("--eval-every", type=click.IntRange(min=1), default=500, show_default=True)
-@click.option("--vocab-size", type=BPE_VOCAB, default=10000, show_default=True)
+@click.option("--eval-every", type=click.IntRange(min=0), default=500, show_default=True,
+              help="Validate every N steps (0: only at the end), and at the end.")
+@click.option("--vocab-size", type=BPE_VOCAB, default=TranslateSettings.vocab_size, show_default=True)
 @click.option("--seed", type=SEED, default=0, show_default=True, help="The seed of both models (the same weights to start).")
 @click.option("--threads", type=Threads(), default=None, help="torch CPU threads (default or 0: torch's choice).")
 @progress_option(what=" while training")

@@ -55,7 +55,7 @@ _SETTING_KEYS = {"layers": ("num_layers",), "heads": ("num_heads",), "warmup": (
               help="Time budget (training plus validation); 0 = none.")
 @click.option("--ema", "ema_decay", type=FiniteFloat(0, 1, max_open=True), default=0.0, show_default=True,
               help="Validate and keep a moving average of the weights with this decay per step (0: off).")
-@click.option("--eval-every", type=click.IntRange(min=0), default=_T["eval_every"], show_default=True, help="Validate every N steps (and at the end).")
+@click.option("--eval-every", type=click.IntRange(min=0), default=_T["eval_every"], show_default=True, help="Validate every N steps (0: only at the end), and at the end.")
 @click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True,
               help="Also write the resume checkpoint every N steps (0: at validations only).")
 @click.option("--select", type=click.Choice(["bleu", "loss"]), default="bleu", show_default=True,

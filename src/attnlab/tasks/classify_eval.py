@@ -29,7 +29,7 @@ class Evaluation:
         per_class: one dict per class (``label``, ``precision``, ``recall``, ``f1``, ``support``).
         unseen: labels absent from training -> their row count.
         truncated: texts cut to the model's position table.
-        confusion_png: where the confusion matrix was drawn (None if not drawn).
+        confusion_figure: where the confusion matrix was drawn (None if not drawn).
         data: the table's path.
     """
 
@@ -40,7 +40,7 @@ class Evaluation:
     per_class: list[dict[str, Any]]
     unseen: dict[str, int] = field(default_factory=dict)
     truncated: int = 0
-    confusion_png: str | None = None
+    confusion_figure: str | None = None
     data: str = ""
 
     def as_dict(self) -> dict[str, Any]:
