@@ -17,6 +17,7 @@ from attnlab.nn import (
     causal_mask,
     padding_mask,
 )
+from attnlab.nn.attention import KVCache
 from attnlab.nn.masks import cached_causal_mask
 from attnlab.nn.positions import RotaryEmbedding
 from attnlab.presets import build_preset
@@ -286,13 +287,30 @@ def test_a_decoding_step_refused_part_way_leaves_every_cache_as_it_was():
     full, _ = model.decode(tgt, memory, memory_attend_mask=memory_mask)
     caches = model.new_caches()
     first, _ = model.decode(tgt[:, :1], memory, memory_attend_mask=memory_mask, caches=caches)
-    held = [(cache.k, cache.v) for pair in caches for cache in pair]
+    held = [(cache.k.clone(), cache.v.clone()) for pair in caches for cache in pair]
     # Layer 0's self-attention takes the step before its cross-attention refuses the mask of one key too few.
     with pytest.raises(AttnlabError, match="does not broadcast to the scores' shape"):
         model.decode(tgt[:, 1:], memory, memory_attend_mask=memory_mask[..., :3], caches=caches)
-    assert all(cache.k is k and cache.v is v for cache, (k, v) in zip((c for p in caches for c in p), held))
+    for cache, (k, v) in zip((c for p in caches for c in p), held):
+        assert torch.equal(cache.k, k) and torch.equal(cache.v, v)
+    # Interrupted in the output layer, after every layer took the step: taken back too.
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    hook = model.output.register_forward_hook(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        model.decode(tgt[:, 1:], memory, memory_attend_mask=memory_mask, caches=caches)
+    hook.remove()
+    assert [len(cache) for pair in caches for cache in pair] == [1, 4, 1, 4]
     second, _ = model.decode(tgt[:, 1:], memory, memory_attend_mask=memory_mask, caches=caches)  # the retry
     torch.testing.assert_close(torch.cat([first, second], dim=1), full, atol=1e-5, rtol=0)
+    # A first step that fails empties the memory caches it filled; pairs without a memory cache are taken.
+    fresh = [(KVCache(), None) for _ in model.decoder.layers]
+    with pytest.raises(AttnlabError):
+        model.decode(tgt[:, :1], memory, memory_attend_mask=memory_mask[..., :3], caches=fresh)
+    assert all(len(self_cache) == 0 for self_cache, _ in fresh)
+    steps = [model.decode(tgt[:, t : t + 1], memory, memory_attend_mask=memory_mask, caches=fresh)[0] for t in (0, 1)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
 
 
 def test_caches_of_different_lengths_are_refused_not_read_from_the_first_ones_length():
@@ -302,6 +320,8 @@ def test_caches_of_different_lengths_are_refused_not_read_from_the_first_ones_le
     caches[1].k, caches[1].v = caches[1].k[..., :1, :], caches[1].v[..., :1, :]  # one layer's cache cut short
     with pytest.raises(AttnlabError, match=r"the layers' caches hold different numbers of positions \(\[2, 1\]\)"):
         lm(torch.tensor([[4]]), caches=caches)
+    with pytest.raises(AttnlabError, match="one cache object serves several layers"):
+        lm(torch.tensor([[4]]), caches=[KVCache()] * 2)  # every layer would append to the one
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "learned"])

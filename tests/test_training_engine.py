@@ -554,6 +554,37 @@ def test_a_folder_another_process_trains_in_is_refused_and_its_run_left_whole(tm
 
 
 
+def test_a_folder_made_during_the_hold_is_locked_before_the_run_writes_into_it(tmp_path, held_elsewhere):
+    from attnlab.files import ensure_writable_dir
+
+    out = tmp_path / "run"
+    with holding_run_folder(out):  # not there at the task's first check
+        ensure_writable_dir(out)  # made: locked at once, before the run's first file
+        assert not lockable_by_another_process(out)
+    other = tmp_path / "other"
+    with holding_run_folder(other):  # another process makes it and trains there first
+        other.mkdir()
+        held_elsewhere(other)
+        with pytest.raises(AttnlabError, match="is in use: another attnlab process is training into it"):
+            ensure_writable_dir(other)
+
+
+def test_a_folder_that_cannot_be_locked_is_trained_in_unlocked(tmp_path, monkeypatch):
+    import errno
+
+    import attnlab.files as files
+
+    def no_locks(fd, operation):  # NFS without a lock service
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(files.fcntl, "flock", no_locks)
+    (tmp_path / "run").mkdir()
+    task = ToyTask(batch_size=8)
+    result = train_or_forget(task.model(0.0), task, TrainConfig(max_steps=4, eval_every=4, progress=False),
+                             tmp_path / "run", resume=False, existed=True, task_files=[])
+    assert result.steps == 4 and (tmp_path / "run" / "checkpoint").is_dir()
+
+
 def lockable_by_another_process(folder) -> bool:
     probe = subprocess.run([sys.executable, "-c", "import fcntl, os, sys; fcntl.flock(os.open(sys.argv[1], os.O_RDONLY), "
                             "fcntl.LOCK_EX | fcntl.LOCK_NB)", str(folder)], capture_output=True, text=True)

@@ -651,7 +651,7 @@ def test_a_translation_run_the_time_budget_stopped_says_so_on_its_last_line(toy,
     # Its budget spent, a resume without a larger one is refused with the way on, and changes nothing.
     refused = CliRunner().invoke(cli, [str(a) for a in args])
     assert refused.exit_code == 2 and "all of its time budget (--max-seconds" in refused.stderr
-    assert "resume with a --max-seconds larger than" in refused.stderr and "(0: no limit)" in refused.stderr
+    assert "or more (0: no limit)" in refused.stderr
 
 
 def test_a_new_run_refuses_a_folder_that_holds_one_and_leaves_it_intact(toy):

@@ -301,6 +301,7 @@ def ensure_writable_dir(path: str | Path) -> Path:
         raise AttnlabError(f"cannot create folder {path}: {err.strerror}") from err
     if not os.access(path, os.W_OK | os.X_OK):
         raise AttnlabError(f"folder {path} is not writable")
+    _lock_if_held(path)
     return path
 
 
@@ -317,8 +318,8 @@ def holding_run_folder(folder: str | Path, *, writer: bool = True) -> Iterator[N
     running after their launcher was killed) would write each other's checkpoints and metrics. The lock is
     ``flock`` on the folder itself, so nothing is added to it, and the kernel lets it go when the process ends,
     however it ends. Only the process that writes the run (``writer``: rank 0) takes it. Nested holds in one
-    process share the lock, and a folder that does not exist yet is locked by the first hold entered once it
-    does (the task holds it from its first check; the engine's hold around training locks a folder made since).
+    process share the lock, and a folder that does not exist yet is locked as soon as :func:`ensure_writable_dir`
+    makes it, before the run writes its first file there (or by the next hold entered).
 
     Raises:
         AttnlabError: another process holds the folder.
@@ -341,9 +342,24 @@ def holding_run_folder(folder: str | Path, *, writer: bool = True) -> Iterator[N
                 os.close(held[0])  # closing the descriptor lets the lock go
 
 
-def _lock_folder(path: str, name: str | Path) -> int:
-    """A descriptor of folder ``path`` holding its ``flock``; an error naming ``name`` if another process has it."""
-    fd = os.open(path, os.O_RDONLY)
+def _lock_if_held(folder: Path) -> None:
+    """Lock a folder this process holds but could not lock yet, as it did not exist: now that it does."""
+    key = os.path.realpath(folder)
+    held = _HELD.get(key)
+    if held is not None and held[0] is None:
+        held[0] = _lock_folder(key, folder)
+
+
+def _lock_folder(path: str, name: str | Path) -> int | None:
+    """A descriptor of folder ``path`` holding its ``flock``; an error naming ``name`` if another process has it.
+
+    None where the folder cannot be locked at all (NFS without a lock service, some FUSE file systems, a folder
+    that may be written but not listed): training goes on there unlocked, as it did before there were locks.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -351,4 +367,7 @@ def _lock_folder(path: str, name: str | Path) -> int:
         raise AttnlabError(f"{name} is in use: another attnlab process is training into it (after a killed "
                            "torchrun, its workers may still be running); let it end or stop it, or choose another "
                            "--out") from None
+    except OSError:
+        os.close(fd)
+        return None
     return fd

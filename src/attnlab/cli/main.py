@@ -156,31 +156,44 @@ def _exit_interrupted(err: BaseException) -> None:
     sys.exit(128 + (signal.SIGTERM if terminated else signal.SIGINT))
 
 
+#: Commands whose results are files: what they print is a summary, which a closed standard output may lose.
+FILE_COMMANDS = ("train", "lab", "attention", "experiment")
+
+
 class _ClosedStdout(io.TextIOBase):
     """``sys.stdout`` for a command started with standard output closed (``attnlab ... >&-``).
 
     Python leaves ``sys.stdout`` None then, and click and rich drop every line written to it without a word: a
-    command would exit 0 having shown nothing. Writing raises instead, so the command stops with one error line.
+    command whose results are what it prints (``predict``, ``generate``, ``check``...) would exit 0 having shown
+    nothing. Writing raises instead, so such a command stops with one error line; for :data:`FILE_COMMANDS`
+    (``discard``) the lines go nowhere, as they would to /dev/null.
     """
+
+    def __init__(self, *, discard: bool) -> None:
+        super().__init__()
+        self.discard = discard
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
+        if self.discard:
+            return len(text)
         raise AttnlabError("standard output is closed (started with '>&-'): this command writes its output there")
 
 
 def _stand_in_for_closed_stdout() -> None:
-    """Give a closed standard output a stand-in that raises on the first write (:class:`_ClosedStdout`)."""
+    """Give a closed standard output a stand-in (:class:`_ClosedStdout`)."""
     if sys.stdout is not None:
         return
+    command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
     # Descriptor 1 is free: hold it with /dev/null, or the next file opened (a checkpoint being written) would take
     # it and receive whatever a C library prints to standard output.
     held = os.open(os.devnull, os.O_WRONLY)
     if held != 1:
         os.dup2(held, 1)
         os.close(held)
-    sys.stdout = _ClosedStdout()
+    sys.stdout = _ClosedStdout(discard=command in FILE_COMMANDS)
 
 
 def main() -> None:

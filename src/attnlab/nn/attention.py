@@ -221,6 +221,11 @@ class KVCache:
         self.v = v if self.v is None else torch.cat((self.v, v), dim=-2)
         return self.k, self.v
 
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions (none: the cache is empty again)."""
+        if self.k is not None and self.v is not None and length < len(self):
+            self.k, self.v = (self.k[..., :length, :], self.v[..., :length, :]) if length else (None, None)
+
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index``, (rows,) long (beam search reorders hypotheses between steps)."""
         if self.k is not None and self.v is not None:
@@ -228,21 +233,33 @@ class KVCache:
 
 
 @contextlib.contextmanager
-def restored_on_error(caches: Sequence[KVCache]) -> Iterator[None]:
-    """Put ``caches`` back as they were if the step run inside fails part-way.
+def restored_on_error(caches: Sequence[KVCache | Sequence[KVCache | None]]) -> Iterator[None]:
+    """Put ``caches`` (a list of caches, or of (self, memory) pairs) back as they were if the step run inside
+    fails part-way (or is interrupted).
 
     Layers before the one that refused the step (a mask of the wrong shape, say) would keep its positions
     and the later layers would not: a corrected retry would then attend to keys the sequence never had and
-    return plausible, wrong numbers. Caches are never written in place (``torch.cat`` makes new tensors), so
-    keeping the old tensors is enough.
+    return plausible, wrong numbers. Only the lengths are kept, not the tensors, which would hold every layer's
+    previous cache in memory until the step ends: a failed step cuts each cache back to its length (a cache
+    filled by the step is emptied).
     """
-    kept = [(cache.k, cache.v) for cache in caches]
+    held = list(_kv_caches(caches))  # (anything else in the list is refused by the stack, which names it)
+    lengths = [len(cache) for cache in held]
     try:
         yield
     except BaseException:
-        for cache, (k, v) in zip(caches, kept, strict=True):
-            cache.k, cache.v = k, v
+        for cache, length in zip(held, lengths, strict=True):
+            cache.truncate(length)
         raise
+
+
+def _kv_caches(caches: object) -> Iterator[KVCache]:
+    """The :class:`KVCache` objects in ``caches``, a list of them or of pairs of them (None where there is none)."""
+    if isinstance(caches, KVCache):
+        yield caches
+    elif isinstance(caches, list | tuple):
+        for item in caches:
+            yield from _kv_caches(item)
 
 
 def _check_mask_for(attend_mask: Tensor | None, q: Tensor, keys: int) -> None:

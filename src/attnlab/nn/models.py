@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import AttnlabError
-from attnlab.nn.attention import KVCache
+from attnlab.nn.attention import KVCache, restored_on_error
 from attnlab.nn.masks import cached_causal_mask, causal_mask, decoder_self_mask, padding_mask
 from attnlab.nn.stacks import Decoder, Encoder, PositionKind, check_id_batch, values_unreadable
 
@@ -149,11 +149,12 @@ class Transformer(_Model):
         else:
             refuse_cached_padding(tgt, self.pad_id)
             self_mask = cached_causal_mask(tgt.shape[1], len(caches[0][0]) if caches else 0, device=tgt.device)
-        states, weights = self.decoder(
-            tgt, memory, self_attend_mask=self_mask, memory_attend_mask=memory_attend_mask,
-            need_weights=need_weights, caches=caches,
-        )
-        return self.output(states), weights
+        with restored_on_error(caches or []):  # the output layer's step too (see DecoderLM.forward)
+            states, weights = self.decoder(
+                tgt, memory, self_attend_mask=self_mask, memory_attend_mask=memory_attend_mask,
+                need_weights=need_weights, caches=caches,
+            )
+            return self.output(states), weights
 
     def new_caches(self) -> list[tuple[KVCache, KVCache]]:
         """Empty (self-attention, cross-attention) caches, one pair per decoder layer."""
@@ -330,6 +331,8 @@ class DecoderLM(_Model):
         else:  # cached decoding never feeds padding
             # (an empty list reaches the stack, which names the number of caches it needs)
             mask = cached_causal_mask(ids.shape[1], len(caches[0]) if caches else 0, device=ids.device)
-        states, weights = self.body(ids, attend_mask=mask, need_weights=return_attention, caches=caches)
-        logits = self.lm_head(states)
+        # The output layer inside too: out of memory or Ctrl-C there would leave the step in every cache.
+        with restored_on_error(caches or []):
+            states, weights = self.body(ids, attend_mask=mask, need_weights=return_attention, caches=caches)
+            logits = self.lm_head(states)
         return (logits, weights) if return_attention else logits

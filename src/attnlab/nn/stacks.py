@@ -59,6 +59,9 @@ def _check_caches(caches: list[KVCache] | None, layers: int, ids: Tensor) -> Non
     held = caches[0].k
     if held is not None and ids.dim() == 2 and held.shape[0] != ids.shape[0]:
         raise AttnlabError(f"the caches hold a batch of {held.shape[0]}, but the ids have a batch of {ids.shape[0]}")
+    if len({id(cache) for cache in caches}) != len(caches):  # ([KVCache()] * layers: every layer appends to one)
+        raise AttnlabError("one cache object serves several layers; each layer needs its own (use "
+                           "model.new_caches())")
     lengths = [len(cache) for cache in caches]
     if len(set(lengths)) > 1:  # the positions continue from the first one's length: the others would be off
         raise AttnlabError(f"the layers' caches hold different numbers of positions ({lengths}); one sequence's "
@@ -195,7 +198,7 @@ class Encoder(_Stack):
                 x, w = layer(x, attend_mask=attend_mask, need_weights=need_weights, cache=cache)
                 if w is not None:
                     weights.append(w)
-        return self.final_norm(x), weights
+            return self.final_norm(x), weights
 
 
 class Decoder(_Stack):
@@ -226,7 +229,7 @@ class Decoder(_Stack):
         offset = 0 if caches is None else len(caches[0][0])
         x = self.embed(ids, offset)
         weights: dict[str, Tensor] = {}
-        with restored_on_error([cache for pair in caches or [] for cache in pair]):  # (as in Encoder.forward)
+        with restored_on_error(caches or []):  # as in Encoder.forward
             for i, layer in enumerate(self.layers):
                 self_cache, memory_cache = (None, None) if caches is None else caches[i]
                 x, self_w, cross_w = layer(
@@ -236,4 +239,4 @@ class Decoder(_Stack):
                 if self_w is not None and cross_w is not None:
                     weights[f"decoder_layer{i + 1}_block1_self_att"] = self_w
                     weights[f"decoder_layer{i + 1}_block2_decenc_att"] = cross_w
-        return self.final_norm(x), weights
+            return self.final_norm(x), weights

@@ -53,29 +53,35 @@ class LMData:
     tokenizer: CharTokenizer | BPETokenizer
 
 
-def read_text(path: str | Path) -> str:
-    """The whole file as UTF-8 text; a missing, binary or empty file is an :class:`AttnlabError`."""
+def read_text(path: str | Path, *, keep_bom: bool = False) -> str:
+    """The whole file as UTF-8 text; a missing, binary or empty file is an :class:`AttnlabError`.
+
+    A leading byte-order mark is dropped (an editor's, no character of the text), unless ``keep_bom``: runs made
+    before it was are resumed on the text they split.
+    """
     path = Path(path)
     if path.is_dir():
         raise AttnlabError(f"{path} is a folder, not a text file")
     if not path.is_file():
         raise AttnlabError(f"no text file {path}")
-    text = decode_utf8(path.read_bytes(), path, bom=True)  # an editor's byte-order mark is no character of the text
+    text = decode_utf8(path.read_bytes(), path, bom=not keep_bom)
     if not text:
         raise AttnlabError(f"{path} is empty")
     return text
 
 
 def load_lm_data(path: str | Path, *, tokenizer: str = "char", val_fraction: float = 0.1,
-                 bpe_vocab_size: int = 2000, saved_tokenizer: str | Path | None = None) -> LMData:
+                 bpe_vocab_size: int = 2000, saved_tokenizer: str | Path | None = None,
+                 keep_bom: bool = False) -> LMData:
     """Read, split (last ``val_fraction`` of the characters is validation) and tokenize a text file.
 
     ``saved_tokenizer``: the tokenizer file of the run being resumed, used instead of training one: a
-    tokenizer trained again by another version of the code could give the same pieces other ids.
+    tokenizer trained again by another version of the code could give the same pieces other ids. ``keep_bom``:
+    see :func:`read_text`.
     """
     if not 0.0 < val_fraction < 1.0:
         raise AttnlabError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
-    text = read_text(path)
+    text = read_text(path, keep_bom=keep_bom)
     cut = int(len(text) * (1.0 - val_fraction))
     train_text, val_text = text[:cut], text[cut:]
     tok: CharTokenizer | BPETokenizer

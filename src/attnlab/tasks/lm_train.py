@@ -347,9 +347,12 @@ def train_language_model(
         # Runs saved before the selection had windows of its own chose their weights on the final figure's: a
         # resume compares its evaluations with the saved best on those same windows.
         selection = run_config.get("selection_windows", "eval") if resume else "select"
+        # Runs saved before a byte-order mark was dropped split the text with it: so do their resumes.
+        keep_bom = resume and not run_config.get("data", {}).get("bom_dropped", False)
         if data is None:
             data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction,
-                                bpe_vocab_size=settings.bpe_vocab_size, saved_tokenizer=saved_tokenizer)
+                                bpe_vocab_size=settings.bpe_vocab_size, saved_tokenizer=saved_tokenizer,
+                                keep_bom=keep_bom)
         if on_data is not None:
             on_data(data)
         model = build_lm(settings, data.tokenizer.vocab_size, model_class)
@@ -373,7 +376,7 @@ def train_language_model(
             "tokenizer": TOKENIZER,
             "data": {"text": str(text), "text_sha256": fingerprint(text),
                      "val_fraction": settings.val_fraction, "train_tokens": len(data.train),
-                     "val_tokens": len(data.val)},
+                     "val_tokens": len(data.val), "bom_dropped": not keep_bom},
             "lm": asdict(settings),
             "train": config_dict(config),
             "selection_windows": selection,

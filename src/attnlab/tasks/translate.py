@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from attnlab.data import BOS_ID, EOS_ID, PAD_ID, BPETokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
-from attnlab.files import refuse_changed, refuse_non_folder, write_json_atomic
+from attnlab.files import ensure_writable_dir, refuse_changed, refuse_non_folder, write_json_atomic
 from attnlab.nn import Transformer, padding_mask
 from attnlab.nn.attention import KVCache
 from attnlab.tasks.decoding import DecodeSettings, max_lengths, translate_ids
@@ -445,7 +445,7 @@ def train_translation(
                             tie_output=tie_output, look_ahead_mask=settings.look_ahead_mask)
         distributed.checked_by_all(config.device)
         if main:
-            out.mkdir(parents=True, exist_ok=True)
+            ensure_writable_dir(out)  # (and locked now, before the first file is written)
             save_tokenizers(out, src_tok, tgt_tok, settings)
             write_run_config(out, {"task": TASK, "model": model_config(model), "train": config_dict(config),
                                    "settings": asdict(settings), "data": _data_record(settings, train=train, valid=valid)})

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -378,10 +379,12 @@ def refuse_ended(run_dir: str | Path, *, steps: int, max_seconds: float, steps_o
                            "takes no further step; train a new run with a larger --patience (0: none)")
     # (a run that has reached its last step has finished, whatever its time: the budget did not stop it)
     if max_seconds and seconds >= max_seconds and reached < steps and (reported or lengthened):
-        # (the budget in force: the run's own, or the one this resume gives, which may be smaller than it was)
+        # (the budget in force: the run's own, or the one this resume gives, which may be smaller than it was; the
+        # advice rounded up, past what it has used)
+        enough = (math.floor(seconds * 10) + 1) / 10
         raise AttnlabError(f"{run_dir} has used {seconds:.1f} s of training, all of its time budget (--max-seconds "
-                           f"{max_seconds:g}), after {reached} of {steps} steps; resume with a --max-seconds larger "
-                           f"than {seconds:.1f} (0: no limit)")
+                           f"{max_seconds:g}), after {reached} of {steps} steps; resume with --max-seconds {enough:.1f} "
+                           "or more (0: no limit)")
     if reported and reached >= steps:
         raise AttnlabError(f"{run_dir} has finished its {reached} steps (its report is in {RESULT}); nothing to "
                            f"resume, unless with {steps_option} more than {reached} to take it further")
