@@ -28,7 +28,13 @@ from torch import nn
 
 from attnlab.data import PAD_ID, BPETokenizer
 from attnlab.tasks.parallel_data import collate, encode_pairs, read_parallel, real_tokens, token_batches
-from attnlab.tasks.translate import RECIPE_MODEL, RECIPE_TRAIN, TranslateSettings, TranslationTask, build_model
+from attnlab.tasks.translate import (
+    RECIPE_MODEL,
+    RECIPE_TRAIN,
+    TranslateSettings,
+    TranslationTask,
+    build_translation_model,
+)
 from attnlab.training import TrainConfig, Trainer
 
 
@@ -92,7 +98,7 @@ def main() -> None:
     settings = TranslateSettings(vocab_size=args.vocab_size, max_tokens=args.max_tokens)
 
     torch.manual_seed(0)
-    ours = build_model((tok.vocab_size, tok.vocab_size), RECIPE_MODEL, share_embeddings=True, tie_output=True)
+    ours = build_translation_model((tok.vocab_size, tok.vocab_size), RECIPE_MODEL, share_embeddings=True, tie_output=True)
     task = TranslationTask(pairs, pairs, [], [], tok, settings)
     config = TrainConfig(**{**RECIPE_TRAIN, "progress": False, "device": "cpu"})
     trainer = Trainer(ours, task, config, Path("/tmp") / "attnlab-throughput")

@@ -14,11 +14,16 @@ from attnlab.data import (
     bucketed_batches,
     load_tokenizer,
     pad_batch,
-    padding_fraction,
     word_tokens,
 )
 from attnlab.errors import AttnlabError
 
+
+def padding_fraction(batches, lengths) -> float:
+    """Share of the padded tokens in ``batches`` that are padding."""
+    real = sum(lengths[i] for b in batches for i in b)
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches if b)
+    return 1.0 - real / padded if padded else 0.0
 
 def test_word_tokenizer_counts_and_reserves_padding(tmp_path):
     assert word_tokens("Damaged on arrival, NOT after use!") == ["damaged", "on", "arrival", ",", "not", "after", "use", "!"]

@@ -17,9 +17,9 @@ from click.testing import CliRunner
 from scipy.spatial import procrustes
 
 from attnlab.cli.main import cli
+from attnlab.data.glove import load_text, width_from_name
 from attnlab.errors import AttnlabError
 from attnlab.lab import run_lab
-from attnlab.lab.glove import load_text, width_from_name
 
 SENTENCE_0 = "king queen man woman dog wolf football basketball red green yellow".split()
 SENTENCE_1 = "man queen yellow basketball green dog woman football king red wolf".split()

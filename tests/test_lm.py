@@ -828,28 +828,28 @@ def test_the_language_model_commands_keep_a_wait_policy_the_user_set(given):
 
 
 def test_the_peak_of_processes_trained_together_is_their_rates_timed_at_once_and_summed(monkeypatch):
-    import attnlab.tasks.lm as lm
+    import attnlab.training.peak as peak
 
     calls = []
-    monkeypatch.setattr(lm, "barrier", lambda place: calls.append(("barrier", place.world)))
-    monkeypatch.setattr(lm, "all_sum", lambda value, place: calls.append(("sum", value)) or value * place.world)
-    peak = lm.measure_peak_matmul("cpu", torch.float32, Place(rank=1, world=2), repeats=2)
+    monkeypatch.setattr(peak, "barrier", lambda place: calls.append(("barrier", place.world)))
+    monkeypatch.setattr(peak, "all_sum", lambda value, place: calls.append(("sum", value)) or value * place.world)
+    rate = peak.measure_peak_matmul("cpu", torch.float32, Place(rank=1, world=2), repeats=2)
     assert [c[0] for c in calls] == ["barrier", "sum"]  # started together, then added up
-    assert peak == 2 * calls[1][1] > 0
-    assert "summed over the 2 processes timing at once" in lm.peak_basis("cpu", torch.float32, 2)
-    assert "in this process" in lm.peak_basis("cpu", torch.float32, 1)
+    assert rate == 2 * calls[1][1] > 0
+    assert "summed over the 2 processes timing at once" in peak.peak_basis("cpu", torch.float32, 2)
+    assert "in this process" in peak.peak_basis("cpu", torch.float32, 1)
 
 
 def test_timing_the_peak_leaves_the_training_random_streams_alone_and_stops_after_its_budget(monkeypatch):
-    import attnlab.tasks.lm as lm
+    import attnlab.training.peak as peak
 
     state = torch.get_rng_state()
-    lm.measure_peak_matmul("cpu", torch.float32, repeats=2)
+    peak.measure_peak_matmul("cpu", torch.float32, repeats=2)
     assert torch.equal(torch.get_rng_state(), state)  # a run with dropout draws what it drew without the timing
     products, matmul = [], torch.Tensor.__matmul__
     monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: products.append(1) or matmul(a, b))
-    monkeypatch.setattr(lm, "PEAK_SECONDS", 0.0)  # as if each product took seconds (emulated bfloat16)
-    assert lm.measure_peak_matmul("cpu", torch.float32) > 0 and len(products) == 2  # the warm-up and one timing
+    monkeypatch.setattr(peak, "PEAK_SECONDS", 0.0)  # as if each product took seconds (emulated bfloat16)
+    assert peak.measure_peak_matmul("cpu", torch.float32) > 0 and len(products) == 2  # the warm-up and one timing
 
 
 @pytest.mark.parametrize("fast", [True, False])

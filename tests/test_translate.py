@@ -13,15 +13,8 @@ from click.testing import CliRunner
 from attnlab.cli.main import cli
 from attnlab.data import BOS_ID, EOS_ID, PAD_ID, pad_batch
 from attnlab.tasks.decoding import DecodeSettings, beam_search, greedy_search, length_normalised
-from attnlab.tasks.translate import (
-    LeakyTransformer,
-    TranslateSettings,
-    corpus_scores,
-    cross_attention,
-    load_translator,
-    teacher_forcing_rows,
-    train_translation,
-)
+from attnlab.tasks.translate import LeakyTransformer, TranslateSettings, corpus_scores, train_translation
+from attnlab.tasks.translator import cross_attention, load_translator, teacher_forcing_rows
 from attnlab.training import TrainConfig
 from attnlab.training.checkpoint import write_run_config
 
@@ -213,11 +206,11 @@ def test_attention_shows_the_weights_decoding_used_even_for_a_model_whose_plain_
 
 
 def test_attention_of_a_translation_that_fills_the_position_table(toy, monkeypatch):
-    import attnlab.tasks.translate as translate_module
+    import attnlab.tasks.translator as translator_module
 
     tr = load_translator(toy["run"])
     table = tr.model.decoder.embed.max_positions  # 16: a hypothesis this long was stopped by it, with no <eos>
-    monkeypatch.setattr(translate_module, "translate_ids", lambda *args, **kwargs: [[7] * table])
+    monkeypatch.setattr(translator_module, "translate_ids", lambda *args, **kwargs: [[7] * table])
     att = cross_attention(tr, "ka lo mi nu")
     assert att.weights.shape == (table, len(att.src_pieces)) and len(att.out_pieces) == table
     assert "<eos>" not in att.out_pieces

@@ -8,7 +8,7 @@ from attnlab.errors import AttnlabError
 from attnlab.nn import Transformer
 from attnlab.tasks.decoding import DecodeSettings, beam_search, greedy_search, max_lengths, translate_ids
 from attnlab.tasks.parallel_data import Pairs, collate
-from attnlab.tasks.translate import LeakyTransformer, TranslateSettings, TranslationTask, build_model
+from attnlab.tasks.translate import LeakyTransformer, TranslateSettings, TranslationTask, build_translation_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # (tests/conftest.py)
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # (tests/conftest.py)
 def model(seed=0, cls=Transformer, **kw):
     torch.manual_seed(seed)
     args = dict(d_model=32, num_layers=2, num_heads=4, d_ff=64, dropout=0.0, max_src_positions=12, max_tgt_positions=20)
-    return build_model((30, 40), {**args, **kw}, share_embeddings=False, tie_output=False,
+    return build_translation_model((30, 40), {**args, **kw}, share_embeddings=False, tie_output=False,
                        look_ahead_mask=cls is Transformer).eval()
 
 

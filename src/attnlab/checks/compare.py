@@ -24,7 +24,7 @@ from torch import Tensor
 
 from attnlab.checks.result import CheckResult
 
-#: In a coarse dtype the relative tolerance is at least this many machine epsilons (see Tolerance.bound).
+#: In a coarse dtype the relative tolerance is at least this many machine epsilons (see Tolerance.for_kernels).
 EPS_FACTOR = 4
 
 

@@ -45,7 +45,7 @@ def attention(run: Path, sentence: str, out: Path, layer: int | None, beam: int,
               max_len_a: float, max_len_b: int, threads: int | None) -> None:
     """Translate SENTENCE with RUN and draw the cross-attention of one decoder layer, averaged over its heads."""
     from attnlab.errors import AttnlabError
-    from attnlab.tasks.translate import cross_attention, load_translator
+    from attnlab.tasks.translator import cross_attention, load_translator
     from attnlab.training.checkpoint import refuse_overwriting
     from attnlab.training.plots import figure_format
 

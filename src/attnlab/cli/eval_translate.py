@@ -32,7 +32,8 @@ def eval_translate(run: Path, src_file: Path, ref_file: Path, hyp_out: Path | No
     """
     from attnlab.files import write_text_atomic
     from attnlab.tasks.parallel_data import check_aligned
-    from attnlab.tasks.translate import corpus_scores, load_translator, read_sentences
+    from attnlab.tasks.translate import corpus_scores
+    from attnlab.tasks.translator import load_translator, read_sentences
     from attnlab.training.checkpoint import refuse_overwriting
 
     for option, path in (("--src-file", src_file), ("--ref-file", ref_file)):

@@ -104,7 +104,8 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
 
     from attnlab.errors import AttnlabError
     from attnlab.files import refuse_non_folder, write_json_atomic, write_text_atomic
-    from attnlab.tasks.translate import RECIPE_TRAIN, TranslateSettings, teacher_forcing_rows, train_translation
+    from attnlab.tasks.translate import RECIPE_TRAIN, train_translation
+    from attnlab.tasks.translator import teacher_forcing_rows
     from attnlab.training import TrainConfig
     from attnlab.training.checkpoint import read_run_config
 

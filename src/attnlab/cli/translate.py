@@ -81,7 +81,7 @@ def translate(run: Path, sentence: str | None, input_path: Path | None, output_p
               length_penalty: float, max_len_a: float, max_len_b: int, threads: int | None, progress: bool) -> None:
     """Translate SENTENCE (or the --input file) with the trained run RUN."""
     from attnlab.files import write_text_atomic
-    from attnlab.tasks.translate import load_translator, read_sentences
+    from attnlab.tasks.translator import load_translator, read_sentences
     from attnlab.training.checkpoint import refuse_overwriting
 
     if (sentence is None) == (input_path is None):

@@ -1,6 +1,6 @@
 """Data: tokenizers, padding and length bucketing (task-specific readers live with their tasks)."""
 
-from attnlab.data.batching import bucketed_batches, pad_batch, padding_fraction
+from attnlab.data.batching import bucketed_batches, pad_batch
 from attnlab.data.tokenizers import (
     BOS_ID,
     EOS_ID,
@@ -14,6 +14,6 @@ from attnlab.data.tokenizers import (
 )
 
 __all__ = [
-    "bucketed_batches", "pad_batch", "padding_fraction", "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID",
+    "bucketed_batches", "pad_batch", "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID",
     "BPETokenizer", "CharTokenizer", "WordTokenizer", "load_tokenizer", "word_tokens",
 ]

@@ -66,10 +66,3 @@ def bucketed_batches(
         batches = [b for b in batches if len(b) == batch_size]
     perm = torch.randperm(len(batches), generator=g).tolist()
     return [batches[i] for i in perm]
-
-
-def padding_fraction(batches: Sequence[Sequence[int]], lengths: Sequence[int]) -> float:
-    """Share of the padded tokens in ``batches`` that are padding."""
-    real = sum(lengths[i] for b in batches for i in b)
-    padded = sum(len(b) * max(lengths[i] for i in b) for b in batches if b)
-    return 1.0 - real / padded if padded else 0.0

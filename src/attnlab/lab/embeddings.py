@@ -21,10 +21,10 @@ from scipy.spatial import procrustes
 from sklearn.decomposition import PCA
 
 from attnlab.data.batching import pad_batch
+from attnlab.data.glove import WordVectors
 from attnlab.errors import AttnlabError
 from attnlab.lab import figures
 from attnlab.lab.encoding import SEED_WIDTH
-from attnlab.lab.glove import WordVectors
 from attnlab.lab.html import Section, check, code, esc, figure, fmt, heading, para, table
 from attnlab.lab.sentences import GROUPS, SENTENCES
 from attnlab.nn import sinusoidal_encoding

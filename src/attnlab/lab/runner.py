@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from attnlab import __version__
+from attnlab.data.glove import load_vectors
 from attnlab.errors import AttnlabError
-from attnlab.lab.glove import load_vectors
 from attnlab.lab.html import Section
 from attnlab.lab.report import Staging, render_page
 from attnlab.lab.sentences import needed_words

@@ -127,7 +127,7 @@ class DecoderLayer(nn.Module):
     Block 1 attends over the target so far (``self_attend_mask``: causal, plus target padding); block 2
     takes its queries from block 1 and its keys and values from the encoder (``memory_attend_mask``:
     the *source* padding, because the keys are source positions; seed 000, change 8). Arguments as in
-    :class:`EncoderLayer`.
+    :class:`EncoderLayer`, but for ``rotary``: the cross-attention's queries and keys share no positions.
     """
 
     def __init__(

@@ -123,7 +123,8 @@ def decoder_self_mask(ids: Tensor, pad_id: int = 0) -> Tensor:
 
 
 def check_attend_mask(mask: Tensor, scores_shape: Sequence[int]) -> None:
-    """Raise :class:`AttnlabError` unless ``mask`` is a valid attend mask for these scores.
+    """Raise :class:`AttnlabError` unless ``mask`` is a valid attend mask for scores of ``scores_shape``, usually
+    (batch, heads, queries, keys).
 
     Valid means: dtype bool, the same rank as the scores, every dimension either 1 or equal to the scores'
     dimension, so that broadcasting can neither add dimensions nor pair the wrong rows, and the last one (the

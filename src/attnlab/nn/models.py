@@ -53,7 +53,8 @@ class _Model(nn.Module):
     config: dict[str, Any]
 
     def probabilities(self, *args: Any, **kwargs: Any) -> Tensor:
-        """``softmax(forward(...))`` over the last axis."""
+        """``softmax(forward(...))`` over the last axis: probabilities of the logits' shape, (batch, [seq,] classes
+        or vocab)."""
         out = self(*args, **kwargs)
         logits = out[0] if isinstance(out, tuple) else out
         return torch.softmax(logits, dim=-1)

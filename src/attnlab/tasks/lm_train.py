@@ -18,7 +18,6 @@ Presets:
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -41,8 +40,6 @@ from attnlab.tasks.lm import (
     evaluate_loss,
     flops_per_token,
     load_lm_data,
-    measure_peak_matmul,
-    peak_basis,
 )
 from attnlab.training import TrainConfig, distributed, seed_everything
 from attnlab.training.checkpoint import (
@@ -55,6 +52,7 @@ from attnlab.training.checkpoint import (
     ignored_on_resume,
     load_weights,
     model_config,
+    read_metrics,
     read_run_config,
     refuse_ended,
     refuse_input_in_run,
@@ -63,6 +61,7 @@ from attnlab.training.checkpoint import (
 )
 from attnlab.training.distributed import is_main_process
 from attnlab.training.engine import config_dict, has_fast_bf16, holds_run_folder, torch_threads, train_or_forget
+from attnlab.training.peak import measure_peak_matmul, peak_basis
 from attnlab.training.schedules import length_changed
 
 
@@ -216,12 +215,8 @@ def steady_rate(metrics_path: Path, overall: float) -> tuple[float, str]:
     none (stopped by its time budget first) ``overall``, its tokens over its training time, so that no figure
     of the report is NaN; the words say so.
     """
-    windows = []
-    if metrics_path.exists():
-        for line in metrics_path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            if "tokens_per_second" in record:
-                windows.append((record["tokens_per_second"], record.get("first_window", False)))
+    windows = [(record["tokens_per_second"], record.get("first_window", False))
+               for record in read_metrics(metrics_path) if "tokens_per_second" in record]
     steady = [rate for rate, first in windows if not first]
     starts = sum(first for _, first in windows)
     after = "after the first" if starts <= 1 else f"after the first of each of the run's {starts} starts"

@@ -26,21 +26,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.data import BOS_ID, EOS_ID, PAD_ID, BPETokenizer, load_tokenizer
+from attnlab.data import PAD_ID, BPETokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.files import ensure_writable_dir, refuse_changed, refuse_non_folder, write_json_atomic
 from attnlab.nn import Transformer, padding_mask
 from attnlab.nn.attention import KVCache
-from attnlab.tasks.decoding import DecodeSettings, max_lengths, translate_ids
+from attnlab.tasks.decoding import DecodeSettings, translate_ids
 from attnlab.tasks.parallel_data import (
     Pairs,
-    check_nonempty,
     collate,
     encode_pairs,
     file_record,
     holds_recorded_data,
     pair_sources,
-    read_lines,
     read_parallel,
     real_tokens,
     side_path,
@@ -53,9 +51,9 @@ from attnlab.training.checkpoint import (
     CONFIG,
     RESULT,
     TOKENIZER,
+    build_model,
     has_checkpoint,
     ignored_on_resume,
-    load_run,
     model_config,
     read_run_config,
     refuse_ended,
@@ -63,7 +61,6 @@ from attnlab.training.checkpoint import (
     register_model,
     write_run_config,
 )
-from attnlab.training.checkpoint import build_model as rebuild_model
 from attnlab.training.distributed import Place, is_main_process, shard
 from attnlab.training.engine import config_dict, holds_run_folder, train_or_forget
 from attnlab.training.schedules import length_changed
@@ -283,8 +280,8 @@ def _encode_corpus(prefix: str | Path, src_tok: BPETokenizer, tgt_tok: BPETokeni
 # training
 
 
-def build_model(vocab: tuple[int, int], model_kwargs: dict[str, Any], *, share_embeddings: bool, tie_output: bool,
-                look_ahead_mask: bool = True) -> Transformer:
+def build_translation_model(vocab: tuple[int, int], model_kwargs: dict[str, Any], *, share_embeddings: bool,
+                            tie_output: bool, look_ahead_mask: bool = True) -> Transformer:
     """The core encoder-decoder (or its leaky variant) for these vocabulary sizes."""
     cls = Transformer if look_ahead_mask else LeakyTransformer
     model = cls(vocab[0], vocab[1], pad_id=PAD_ID, share_embeddings=share_embeddings, tie_output=tie_output,
@@ -437,12 +434,13 @@ def train_translation(
     if restart:
         log(f"{out} has no checkpoint yet: starting the run again from step 0")
     if resume:
-        model = rebuild_model(run_cfg["model"])
+        model = build_model(run_cfg["model"])
         if restart:
             _init_embeddings(model)
     else:
-        model = build_model((src_tok.vocab_size, tgt_tok.vocab_size), model_kwargs, share_embeddings=share_embeddings,
-                            tie_output=tie_output, look_ahead_mask=settings.look_ahead_mask)
+        model = build_translation_model((src_tok.vocab_size, tgt_tok.vocab_size), model_kwargs,
+                                        share_embeddings=share_embeddings, tie_output=tie_output,
+                                        look_ahead_mask=settings.look_ahead_mask)
         distributed.checked_by_all(config.device)
         if main:
             ensure_writable_dir(out)  # (and locked now, before the first file is written)
@@ -468,144 +466,3 @@ def train_translation(
                                          "final_loss": result.final_loss, "stopped_early": result.stopped_early,
                                          "out_of_time": result.out_of_time})
     return result
-
-
-# --------------------------------------------------------------------------------------------------
-# using a trained run
-
-
-@dataclass
-class Translator:
-    """A trained run ready to translate: model (eval mode), tokenizers and settings."""
-
-    model: Transformer
-    src_tokenizer: BPETokenizer
-    tgt_tokenizer: BPETokenizer
-    settings: TranslateSettings
-    config: dict[str, Any]
-
-    @property
-    def max_src_positions(self) -> int:
-        return self.model.encoder.embed.max_positions
-
-    def encode_sources(self, lines: Sequence[str]) -> list[list[int]]:
-        """Encoder inputs for raw lines (the length rule truncates, with one warning)."""
-        return source_ids(self.src_tokenizer.encode_batch(list(lines)), self.max_src_positions)
-
-    def translate(self, lines: Sequence[str], decode: DecodeSettings | None = None, *, max_tokens: int = 6000,
-                  on_batch: Callable[[int], None] | None = None) -> list[str]:
-        """Detokenized translations of ``lines``, in order."""
-        return self.translate_sources(self.encode_sources(lines), decode, max_tokens=max_tokens, on_batch=on_batch)
-
-    def translate_sources(self, sources: Sequence[list[int]], decode: DecodeSettings | None = None, *,
-                          max_tokens: int = 6000, on_batch: Callable[[int], None] | None = None) -> list[str]:
-        """Detokenized translations of encoder inputs made by :meth:`encode_sources`, in order."""
-        hyps = translate_ids(self.model, list(sources), decode or DecodeSettings(), max_tokens=max_tokens,
-                             on_batch=on_batch)
-        return [self.tgt_tokenizer.decode(h) for h in hyps]
-
-
-def load_translator(run: str | Path) -> Translator:
-    """Read a translation run folder; a run of another task is a clear :class:`AttnlabError`."""
-    run = Path(run)
-    model, config = load_run(run, TASK)
-    if not isinstance(model, Transformer):
-        raise AttnlabError(f"{run} holds a {type(model).__name__}, not an encoder-decoder Transformer")
-    settings = TranslateSettings.from_dict(config.get("settings", {}), run)
-    src_tok, tgt_tok = load_tokenizers(run, settings, (model.encoder.embed.vocab_size, model.decoder.embed.vocab_size))
-    return Translator(model, src_tok, tgt_tok, settings, config)
-
-
-def read_sentences(path: str | Path) -> list[str]:
-    """A one-sentence-a-line file (``.gz`` allowed; ``-``: standard input), empty lines reported with their
-    numbers (dropping them would shift every later translation against its source line)."""
-    lines = read_lines(path)
-    name = "standard input" if str(path) == "-" else path
-    if not lines:
-        raise AttnlabError(f"{name} holds no sentences")
-    check_nonempty(lines, name)
-    return lines
-
-
-@dataclass
-class CrossAttention:
-    """One sentence's translation and the cross-attention of one decoder layer, averaged over heads.
-
-    Attributes:
-        src_pieces: source subword pieces (S,), ending in ``<eos>``.
-        out_pieces: output pieces (T,), ending in ``<eos>`` when the search ended there (not when its length
-            limit cut it).
-        weights: (T, S); row ``t`` is where the decoder looked while predicting output piece ``t``.
-        translation: the detokenized output.
-        layer: the decoder layer (from 1) and ``layers`` how many there are; ``heads`` averaged.
-    """
-
-    src_pieces: list[str]
-    out_pieces: list[str]
-    weights: Tensor
-    translation: str
-    layer: int
-    layers: int
-    heads: int
-
-
-def cross_attention(translator: Translator, sentence: str, *, layer: int | None = None,
-                    decode: DecodeSettings | None = None) -> CrossAttention:
-    """Translate one sentence and return the cross-attention weights of one decoder layer (default: the last).
-
-    The translation is fed back through the decoder at once, with its key/value caches: that is the causal path
-    decoding takes, so the weights are the very ones the free-running decoder used step by step (no step sees a
-    later one), also for a model whose plain ``decode`` leaks (:class:`LeakyTransformer`).
-    """
-    model = translator.model
-    layers = len(model.decoder.layers)
-    layer = layers if layer is None else layer
-    if not 1 <= layer <= layers:
-        raise AttnlabError(f"--layer must be between 1 and {layers}, got {layer}")
-    src = torch.tensor(translator.encode_sources([sentence]))
-    decode = decode or DecodeSettings()
-    hyp = translate_ids(model, src.tolist(), decode)[0]
-    # The search stops on <eos> or at its length limit (the position table included); only in the first case
-    # did the decoder write an <eos> row, so a hypothesis the limit cut gets no row for it.
-    ended = len(hyp) < int(max_lengths(src, model, decode.max_len_a, decode.max_len_b)[0])
-    out_ids = [*hyp, EOS_ID] if ended else hyp
-    tgt_in = [BOS_ID, *out_ids[:-1]]
-    with torch.inference_mode():  # through the caches, as decoding ran (a leaky model's plain decode sees ahead)
-        memory, memory_mask = model.encode(src)
-        _, weights = model.decode(torch.tensor([tgt_in]), memory, memory_attend_mask=memory_mask, need_weights=True,
-                                  caches=model.new_caches())
-    att = weights[f"decoder_layer{layer}_block2_decenc_att"][0]  # (heads, T, S)
-    return CrossAttention(
-        src_pieces=[translator.src_tokenizer.hf.id_to_token(i) for i in src[0].tolist()],
-        out_pieces=[translator.tgt_tokenizer.hf.id_to_token(i) for i in out_ids],
-        weights=att.mean(0), translation=translator.tgt_tokenizer.decode(hyp), layer=layer, layers=layers,
-        heads=att.shape[0],
-    )
-
-
-# --------------------------------------------------------------------------------------------------
-# teacher forcing versus free running
-
-
-def teacher_forcing_rows(runs: dict[str, str | Path], valid: str | Path, decode: DecodeSettings | None = None,
-                         ) -> list[dict[str, Any]]:
-    """Per run: validation loss under teacher forcing next to BLEU/chrF of free-running decoding.
-
-    Teacher forcing feeds the reference prefix and asks only for the next token, so a model that can
-    peek at that token (no look-ahead mask) scores a near-zero loss. Free running feeds the model its own
-    outputs, where there is nothing to peek at, and shows what it really learned.
-    """
-    rows = []
-    for name, run in runs.items():
-        tr = load_translator(run)
-        src_lines, ref_lines = read_parallel(valid, tr.settings.src, tr.settings.tgt)
-        sources = tr.encode_sources(src_lines)  # (truncated, and said so, once for the loss and the translations)
-        pairs = pair_sources(sources, tr.tgt_tokenizer.encode_batch(ref_lines), tr.model.config["max_tgt_positions"],
-                             "validation")
-        nll = teacher_forced_nll(tr.model, pairs)
-        scores = corpus_scores(tr.translate_sources(sources, decode or DecodeSettings(beam_size=1)), ref_lines)
-        rows.append({"model": name, "run": str(run), "look_ahead_mask": not isinstance(tr.model, LeakyTransformer),
-                     "teacher_forced_loss": nll, "teacher_forced_ppl": math.exp(min(nll, 50.0)),
-                     "free_running_bleu": scores["bleu"], "free_running_chrf": scores["chrf"],
-                     "signature": scores["signature"]})
-    return rows

@@ -106,6 +106,28 @@ def refuse_overwriting(path: str | Path, option: str, *, run: str | Path,
                            "metrics, loss plot or checkpoint); writing there would break the run: choose another name")
 
 
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a run's metrics log (``METRICS_FILE``) in order; none if it is missing.
+
+    A line that is not a JSON object with a whole-number ``step`` (one cut short by a kill, bytes that are not
+    UTF-8) is skipped: it spoils itself, not the log.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return []
+    records = []
+    for raw in data.splitlines():
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool):
+            records.append(record)
+    return records
+
+
 #: The files a training writes into its run folder by these names (and CHECKPOINT/, written whole).
 RUN_FILES = (CONFIG, WEIGHTS, TOKENIZER, METRICS_FILE, LOSS_PLOT, RESULT)
 

@@ -54,6 +54,7 @@ from attnlab.training.checkpoint import (
     WEIGHTS,
     has_checkpoint,
     load_checkpoint,
+    read_metrics,
     refuse_shorter,
     rng_state,
     save_checkpoint,
@@ -290,16 +291,9 @@ class Trainer:
         """On resume, forget what was logged after the checkpoint: those steps will be run again."""
         if not self.place.is_main or not self.metrics_path.exists():
             return
-        kept = []
-        for raw in self.metrics_path.read_bytes().splitlines():
-            try:
-                line = raw.decode("utf-8")  # bytes that are not UTF-8 spoil their own line, not the resume
-                logged = json.loads(line).get("step", 0)
-            except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-                continue  # a line cut short by a kill, or not a record
-            if isinstance(logged, int) and not isinstance(logged, bool) and logged <= step:
-                kept.append(line)
-        write_text_atomic(self.metrics_path, "".join(x + "\n" for x in kept))  # a kill now keeps the old log whole
+        kept = [record for record in read_metrics(self.metrics_path) if record["step"] <= step]
+        # (a kill now keeps the old log whole)
+        write_text_atomic(self.metrics_path, "".join(json.dumps(record) + "\n" for record in kept))
 
     def _checkpoint(self) -> None:
         rng_states = distributed.all_gather(rng_state(), self.place)  # each process's stream, for an exact resume

