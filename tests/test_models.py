@@ -322,6 +322,12 @@ def test_caches_of_different_lengths_are_refused_not_read_from_the_first_ones_le
         lm(torch.tensor([[4]]), caches=caches)
     with pytest.raises(AttnlabError, match="one cache object serves several layers"):
         lm(torch.tensor([[4]]), caches=[KVCache()] * 2)  # every layer would append to the one
+    model = Transformer(30, 30, 16, 2, 2, 32, num_decoder_layers=2).eval()
+    memory, memory_mask = model.encode(torch.tensor([[4, 5, 6]]))
+    shared = KVCache()
+    for caches in ([(KVCache(), shared), (KVCache(), shared)], [(shared, shared), (KVCache(), KVCache())]):
+        with pytest.raises(AttnlabError, match="one cache object serves several layers"):
+            model.decode(torch.tensor([[1]]), memory, memory_attend_mask=memory_mask, caches=caches)
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "learned"])

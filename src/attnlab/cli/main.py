@@ -186,14 +186,18 @@ def _stand_in_for_closed_stdout() -> None:
     """Give a closed standard output a stand-in (:class:`_ClosedStdout`)."""
     if sys.stdout is not None:
         return
-    command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
+    words = [arg for arg in sys.argv[1:] if not arg.startswith("-")]
+    # Help, and the usage a group without its subcommand prints, is what the command shows: refused like a result.
+    shows_help = any(arg in ("-h", "--help", "--version") for arg in sys.argv[1:]) or words in (["train"],
+                                                                                                ["experiment"])
+    files_only = bool(words) and words[0] in FILE_COMMANDS and not shows_help
     # Descriptor 1 is free: hold it with /dev/null, or the next file opened (a checkpoint being written) would take
     # it and receive whatever a C library prints to standard output.
     held = os.open(os.devnull, os.O_WRONLY)
     if held != 1:
         os.dup2(held, 1)
         os.close(held)
-    sys.stdout = _ClosedStdout(discard=command in FILE_COMMANDS)
+    sys.stdout = _ClosedStdout(discard=files_only)
 
 
 def main() -> None:

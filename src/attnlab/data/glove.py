@@ -68,10 +68,10 @@ def load_default(words: Iterable[str], dim: int | None = None) -> WordVectors:
     if dim is not None and dim != DEFAULT_DIM:
         raise AttnlabError(f"the embedded GloVe vectors are {DEFAULT_DIM}-wide, not {dim}; pass --glove PATH "
                            f"to a {dim}d GloVe text file")
+    root, index = _packaged_index("pass --glove PATH")  # (first: it says so when pyarrow is missing)
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    root, index = _packaged_index("pass --glove PATH")
     try:
         emb = np.load(root / EMB_FILE, mmap_mode="r")  # mapped, not read: only the rows taken are
     except (OSError, ValueError) as err:

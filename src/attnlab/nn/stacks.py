@@ -47,6 +47,13 @@ def check_id_batch(ids: Tensor) -> None:
         raise AttnlabError(f"token ids must be (batch, seq), got shape {shape}")
 
 
+def _check_distinct(caches: list[KVCache]) -> None:
+    """Refuse one cache object given twice ([KVCache()] * layers: every layer would append to the one)."""
+    if len({id(cache) for cache in caches}) != len(caches):
+        raise AttnlabError("one cache object serves several layers (or both attentions of one); each needs its "
+                           "own: use model.new_caches()")
+
+
 def _check_caches(caches: list[KVCache] | None, layers: int, ids: Tensor) -> None:
     """One (self-attention) cache per layer, holding the batch that ``ids`` continues."""
     if caches is None:
@@ -56,12 +63,10 @@ def _check_caches(caches: list[KVCache] | None, layers: int, ids: Tensor) -> Non
                            "on the whole sequence instead")
     if len(caches) != layers:
         raise AttnlabError(f"caches has {len(caches)} entries, the stack has {layers} layers (use model.new_caches())")
+    _check_distinct(caches)
     held = caches[0].k
     if held is not None and ids.dim() == 2 and held.shape[0] != ids.shape[0]:
         raise AttnlabError(f"the caches hold a batch of {held.shape[0]}, but the ids have a batch of {ids.shape[0]}")
-    if len({id(cache) for cache in caches}) != len(caches):  # ([KVCache()] * layers: every layer appends to one)
-        raise AttnlabError("one cache object serves several layers; each layer needs its own (use "
-                           "model.new_caches())")
     lengths = [len(cache) for cache in caches]
     if len(set(lengths)) > 1:  # the positions continue from the first one's length: the others would be off
         raise AttnlabError(f"the layers' caches hold different numbers of positions ({lengths}); one sequence's "
@@ -226,6 +231,8 @@ class Decoder(_Stack):
         ``caches`` holds one (self, memory) pair of caches per layer for incremental decoding.
         """
         _check_caches(None if caches is None else [pair[0] for pair in caches], len(self.layers), ids)
+        if caches is not None:  # the memory caches too
+            _check_distinct([cache for pair in caches for cache in pair if cache is not None])
         offset = 0 if caches is None else len(caches[0][0])
         x = self.embed(ids, offset)
         weights: dict[str, Tensor] = {}

