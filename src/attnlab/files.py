@@ -1,8 +1,9 @@
-"""Reading text strictly, and writing files so that a crash never leaves a half-written one behind.
+"""Reading text strictly, writing files so that a crash never leaves a half-written one behind, and the lock
+that keeps two trainings out of one run folder.
 
 Text is UTF-8: bytes that are not are named by their line, never replaced. Everything is written under a
 temporary name in the same folder and then renamed into place; ``os.replace`` is atomic on POSIX, so a
-reader sees the old file or the new one, never a mixture.
+reader sees the old file or the new one, never a mixture. :func:`holding_run_folder` is the lock.
 """
 
 from __future__ import annotations
@@ -303,7 +304,6 @@ def ensure_writable_dir(path: str | Path) -> Path:
         raise AttnlabError(f"folder {path} is not writable")
     _lock_if_held(path)
     return path
-
 
 
 #: run folder (real path) -> [its locked descriptor (None while the folder does not exist), holders in this process]
