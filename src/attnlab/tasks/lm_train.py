@@ -30,7 +30,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.data.tokenizers import load_tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.files import ensure_writable_dir, fingerprint, refuse_changed, refuse_non_folder, write_json_atomic
 from attnlab.nn.models import DecoderLM
@@ -343,14 +342,9 @@ def train_language_model(
         # Runs saved before the selection had windows of its own chose their weights on the final figure's: a
         # resume compares its evaluations with the saved best on those same windows.
         selection = run_config.get("selection_windows", "eval") if resume else "select"
-        # Runs saved before a byte-order mark was dropped split the text with it: so do their resumes. Their config
-        # does not say (nor that of the first runs that dropped it): the mark in their vocabulary does.
-        saved_data = run_config.get("data", {}) if resume else {}
-        if "bom_dropped" in saved_data:
-            keep_bom = not saved_data["bom_dropped"]
-        else:
-            saved = load_tokenizer(tokenizer_file) if resume else None
-            keep_bom = saved is not None and "\ufeff" in saved.decode(range(saved.vocab_size))
+        # Runs saved before a byte-order mark was dropped (their config has no bom_dropped) split the text with
+        # it: so do their resumes.
+        keep_bom = resume and not run_config.get("data", {}).get("bom_dropped", False)
         if data is None:
             data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction,
                                 bpe_vocab_size=settings.bpe_vocab_size, saved_tokenizer=saved_tokenizer,
