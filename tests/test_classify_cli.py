@@ -255,6 +255,10 @@ def test_bad_training_input_is_one_line_and_exit_2(tmp_path):
     later = tmp_path / "later.csv"  # a closed two-line quote short of its label, and an unclosed quote after it
     later.write_text('text,label\n"two\nlines"\ngood,pos\n"never closed,neg\nmore,pos\n', encoding="utf-8")
     assert "later.csv:3: 1 field where the header has 2" in one_error_line(run(*train, "--train", later))
+    ran_on = tmp_path / "ran_on.csv"  # a quote left open on line 3 is closed by the quote that opens line 5
+    ran_on.write_text('text,label\nhi,a\n"what is up,b\nsup,a\n"hey, you",b\nho,b\n', encoding="utf-8")
+    assert ("ran_on.csv:3: a quote opened on this line runs on to line 5, where the record has 3 fields and the "
+            "header 2") in one_error_line(run(*train, "--train", ran_on))
     lenient = tmp_path / "lenient.csv"  # text after a closing quote (read as it is), then an unclosed quote
     lenient.write_text('text,label\n"said"so,pos\nok,neg\n"never closed,neg\nmore,pos\n', encoding="utf-8")
     assert "lenient.csv:4: a quote opened on this line is never closed" in one_error_line(run(*train, "--train", lenient))

@@ -73,6 +73,18 @@ def test_csv_and_jsonl_read_the_same_rows_and_two_column_files_find_their_label(
     assert c.label_column == "label"
 
 
+
+def test_a_text_past_the_csv_modules_field_limit_is_read(tmp_path):
+    # (csv refuses fields past 128 KiB by default, without naming their line; no text is longer than its file)
+    import csv
+
+    path = tmp_path / "long.csv"
+    path.write_text("text,team\n" + "word " * 40_000 + ",a\nshort,b\n", encoding="utf-8")
+    limit = csv.field_size_limit()
+    table = read_table(path)
+    assert len(table.texts[0]) == 200_000 and table.labels == ["a", "b"]
+    assert csv.field_size_limit() == limit  # put back
+
 def test_texts_are_read_as_the_csv_and_json_modules_read_them(tmp_path):
     texts = ["my card\nwas stolen", "i want a\r\nrefund", "refund\u2028please", "plain"]
     rows = [{"text": t, "label": "x" if i % 2 else "y"} for i, t in enumerate(texts)]

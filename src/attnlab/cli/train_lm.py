@@ -70,7 +70,7 @@ def _preset(field: str, text: str = "") -> str:
 @click.option("--heads", type=click.IntRange(min=1), default=None, help=_preset("heads"))
 @click.option("--width", "--d-model", "width", type=click.IntRange(min=1), default=None,
               help=_preset("width", "Model width d_model."))
-@click.option("--context", type=click.IntRange(min=1), default=None,
+@click.option("--context", "--max-positions", "context", type=click.IntRange(min=1), default=None,
               help=_preset("context", "Context length (position table size)."))
 @click.option("--positions", type=click.Choice(["learned", "sinusoidal", "rotary"]), default=None,
               help=_preset("positions"))

@@ -50,7 +50,8 @@ _SETTING_KEYS = {"layers": ("num_layers",), "heads": ("num_heads",), "warmup": (
 @click.option("--warmup", type=click.IntRange(min=0), default=_T["warmup_steps"], show_default=True, help="Linear warmup steps.")
 @click.option("--schedule", type=click.Choice(["inverse_sqrt", "cosine", "constant"]), default=_T["schedule"],
               show_default=True)
-@click.option("--max-steps", type=click.IntRange(min=1), default=_T["max_steps"], show_default=True)
+@click.option("--max-steps", "--steps", "max_steps", type=click.IntRange(min=1), default=_T["max_steps"],
+              show_default=True)
 @click.option("--max-seconds", type=FiniteFloat(min=0), default=_T["max_seconds"], show_default=True,
               help="Time budget (training plus validation); 0 = none.")
 @click.option("--ema", "ema_decay", type=FiniteFloat(0, 1, max_open=True), default=0.0, show_default=True,

@@ -88,6 +88,9 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
             rows.append(obj)
         return list(columns), rows
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
+    # The csv module refuses a field past 128 KiB by default (without its line): no text is longer than its file.
+    limit = csv.field_size_limit()
+    csv.field_size_limit(max(limit, len(raw) + 1))
     try:
         # newline="": the csv module itself splits the records, so a quoted text keeps its line breaks (and
         # U+2028) instead of being cut at them
@@ -108,6 +111,14 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
                                        f"runs on to the end of the file (line {reader.line_num}); close it, or write "
                                        f"a quote inside a quoted text as two (\"\")")
                 count = len(fields) + len(row.get(None) or []) if None in row else sum(v is not None for v in row.values())
+                start = next((i for i in range(ended, reader.line_num) if lines[i].strip()), ended) + 1
+                if start < reader.line_num and lines[start - 1].lstrip().startswith('"') and count > len(fields):
+                    # a record over several lines that starts quoted and holds too many fields: the quote of its
+                    # first line ran on into the next rows (a quoted text over two lines short of its label is not)
+                    raise AttnlabError(f"{path}:{start}: a quote opened on this line runs on to line "
+                                       f"{reader.line_num}, where the record has {count} field"
+                                       f"{'s' if count != 1 else ''} and the header {len(fields)}; close it where its "
+                                       "text ends, or write a quote inside a quoted text as two (\"\")")
                 raise AttnlabError(f"{path}:{reader.line_num}: {count} field{'s' if count != 1 else ''} where the "
                                    f"header has {len(fields)}; quote a text that holds the delimiter")
             if list(row.values()) == fields:  # files joined with their headers: its names would become a text and a
@@ -117,6 +128,8 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
             ended = reader.line_num
     except csv.Error as err:
         raise AttnlabError(f"{path} is not a readable CSV file: {err}") from err
+    finally:
+        csv.field_size_limit(limit)
     return fields, rows
 
 
