@@ -259,6 +259,9 @@ def test_bad_training_input_is_one_line_and_exit_2(tmp_path):
     ran_on.write_text('text,label\nhi,a\n"what is up,b\nsup,a\n"hey, you",b\nho,b\n', encoding="utf-8")
     assert ("ran_on.csv:3: a quote opened on this line runs on to line 5, where the record has 3 fields and the "
             "header 2") in one_error_line(run(*train, "--train", ran_on))
+    closed = tmp_path / "closed.csv"  # a quote over two lines closed where meant, then a field too many
+    closed.write_text('text,label\nhi,a\n"hello\nworld", said she,b\nho,b\n', encoding="utf-8")
+    assert "closed.csv:4: 3 fields where the header has 2" in one_error_line(run(*train, "--train", closed))
     lenient = tmp_path / "lenient.csv"  # text after a closing quote (read as it is), then an unclosed quote
     lenient.write_text('text,label\n"said"so,pos\nok,neg\n"never closed,neg\nmore,pos\n', encoding="utf-8")
     assert "lenient.csv:4: a quote opened on this line is never closed" in one_error_line(run(*train, "--train", lenient))

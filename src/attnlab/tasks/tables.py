@@ -112,9 +112,10 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
                                        f"a quote inside a quoted text as two (\"\")")
                 count = len(fields) + len(row.get(None) or []) if None in row else sum(v is not None for v in row.values())
                 start = next((i for i in range(ended, reader.line_num) if lines[i].strip()), ended) + 1
-                if start < reader.line_num and lines[start - 1].lstrip().startswith('"') and count > len(fields):
-                    # a record over several lines that starts quoted and holds too many fields: the quote of its
-                    # first line ran on into the next rows (a quoted text over two lines short of its label is not)
+                if count > len(fields) and _swallowed_rows(record, delimiter):
+                    # too many fields, and a quoted text over several lines holding the delimiter: the quote of its
+                    # first line ran on into the next rows (a closed quote over two lines, then a field too many,
+                    # is said as any row of too many fields)
                     raise AttnlabError(f"{path}:{start}: a quote opened on this line runs on to line "
                                        f"{reader.line_num}, where the record has {count} field"
                                        f"{'s' if count != 1 else ''} and the header {len(fields)}; close it where its "
@@ -131,6 +132,13 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
     finally:
         csv.field_size_limit(limit)
     return fields, rows
+
+
+def _swallowed_rows(record: str, delimiter: str) -> bool:
+    """Whether the first field of a record, ``record`` being its text, is quoted over several lines and holds the
+    delimiter on a line before its last: rows of the table taken into a quote that was not closed where meant."""
+    first = next(csv.reader(io.StringIO(record.lstrip("\r\n"), newline=""), delimiter=delimiter), [""])[0]
+    return any(delimiter in line for line in first.splitlines()[:-1])
 
 
 def _unclosed_quote(raw: str, delimiter: str) -> bool:
