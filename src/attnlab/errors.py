@@ -24,7 +24,6 @@ def check_count(name: str, value: object, minimum: int = 1) -> int:
     return value
 
 
-
 def in_one_line(err: BaseException) -> str:
     """``Type: the first line of the message``, or the type alone for an empty message: an exception (or a
     warning, ``WarningMessage.message``) named on one line."""

@@ -331,8 +331,7 @@ def holding_run_folder(folder: str | Path, *, writer: bool = True) -> Iterator[N
     held = _HELD.setdefault(key, [None, 0])
     held[1] += 1
     try:
-        if held[0] is None and os.path.isdir(key):
-            held[0] = _lock_folder(key, folder)
+        _lock_if_held(folder)
         yield
     finally:
         held[1] -= 1
@@ -342,11 +341,11 @@ def holding_run_folder(folder: str | Path, *, writer: bool = True) -> Iterator[N
                 os.close(held[0])  # closing the descriptor lets the lock go
 
 
-def _lock_if_held(folder: Path) -> None:
-    """Lock a folder this process holds but could not lock yet, as it did not exist: now that it does."""
+def _lock_if_held(folder: str | Path) -> None:
+    """Lock a folder this process holds (:func:`holding_run_folder`) and has not locked yet, if it exists."""
     key = os.path.realpath(folder)
     held = _HELD.get(key)
-    if held is not None and held[0] is None:
+    if held is not None and held[0] is None and os.path.isdir(key):
         held[0] = _lock_folder(key, folder)
 
 

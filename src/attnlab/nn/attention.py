@@ -262,12 +262,6 @@ def _kv_caches(caches: object) -> Iterator[KVCache]:
             yield from _kv_caches(item)
 
 
-def _check_mask_for(attend_mask: Tensor | None, q: Tensor, keys: int) -> None:
-    """Check ``attend_mask`` against the scores of (batch, heads, queries, head_dim) ``q`` and ``keys`` keys."""
-    if attend_mask is not None:
-        check_attend_mask(attend_mask, (*q.shape[:-1], keys))
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head attention for self- and cross-attention.
 
@@ -382,29 +376,33 @@ class MultiHeadAttention(nn.Module):
                 :func:`~attnlab.nn.masks.check_attend_mask`).
         """
         check_attention_inputs(x, memory, self.d_model)
+        # A step refused once the cache has grown (a mask that does not fit the scores) leaves it as it was.
+        with restored_on_error([cache] if cache is not None else []):
+            q, k, v = self._queries_keys_values(x, memory, cache)
+            dropout_p = self.dropout if self.training else 0.0
+            out, weights = scaled_dot_product_attention(
+                q, k, v, attend_mask=attend_mask, dropout_p=dropout_p, need_weights=need_weights
+            )
+        return self.out_proj(out.transpose(1, 2).flatten(-2)), weights
+
+    def _queries_keys_values(self, x: Tensor, memory: Tensor | None,
+                             cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
+        """q (batch, heads, queries, head_dim) and k, v (batch, heads, keys, head_dim), the cache's included."""
         if memory is None:  # self-attention: q, k and v from one matmul, faster than three
             q, k, v = self._project(x, 0, 3)
             if self.rotary is not None:
                 offset = 0 if cache is None else len(cache)
                 q, k = self.rotary(q, offset), self.rotary(k, offset)
             if cache is not None:
-                # The mask is checked before the cache grows: a refused step must leave the cache as it was.
-                _check_mask_for(attend_mask, q, len(cache) + k.shape[-2])
                 k, v = cache.append(k, v)
-        else:
-            if self.rotary is not None:  # skipping it silently would leave the layer without positions
-                raise AttnlabError("rotary positions are for self-attention: queries and keys from two sequences "
-                                   "share no positions; build the cross-attention without rotary")
-            (q,) = self._project(x, 0, 1)
-            if cache is not None and cache.k is not None and cache.v is not None:
-                k, v = cache.k, cache.v  # the encoder's keys and values, projected on the first step
-            else:
-                k, v = self._project(memory, 1, 2)
-                if cache is not None:
-                    _check_mask_for(attend_mask, q, k.shape[-2])
-                    cache.append(k, v)
-        dropout_p = self.dropout if self.training else 0.0
-        out, weights = scaled_dot_product_attention(
-            q, k, v, attend_mask=attend_mask, dropout_p=dropout_p, need_weights=need_weights
-        )
-        return self.out_proj(out.transpose(1, 2).flatten(-2)), weights
+            return q, k, v
+        if self.rotary is not None:  # skipping it silently would leave the layer without positions
+            raise AttnlabError("rotary positions are for self-attention: queries and keys from two sequences "
+                               "share no positions; build the cross-attention without rotary")
+        (q,) = self._project(x, 0, 1)
+        if cache is not None and cache.k is not None and cache.v is not None:
+            return q, cache.k, cache.v  # the encoder's keys and values, projected on the first step
+        k, v = self._project(memory, 1, 2)
+        if cache is not None:
+            cache.append(k, v)
+        return q, k, v

@@ -225,11 +225,12 @@ class EncoderClassifier(_Model):
 
     def pooled(self, ids: Tensor) -> Tensor:
         """(batch, seq) ids -> (batch, d_model): the mean of the real tokens' final states."""
-        return self._pooled(ids, attend_mask=padding_mask(ids, self.pad_id))
+        padding = padding_mask(ids, self.pad_id)
+        return self._pooled(ids, padding, attend_mask=padding)
 
-    def _pooled(self, ids: Tensor, *, attend_mask: Tensor | None) -> Tensor:
+    def _pooled(self, ids: Tensor, padding: Tensor, *, attend_mask: Tensor | None) -> Tensor:
         states, _ = self.encoder(ids, attend_mask=attend_mask)
-        return masked_mean(self.norm(states), padding_mask(ids, self.pad_id))
+        return masked_mean(self.norm(states), padding)
 
     def forward(self, ids: Tensor) -> Tensor:
         """(batch, seq) ids -> (batch, num_classes) logits."""
@@ -239,7 +240,7 @@ class EncoderClassifier(_Model):
         """(batch, seq) ids -> (batch, num_classes) logits with the encoder attending under ``attend_mask``
         (None: every key) instead of the padding mask, for probes that change it; the mean still covers the
         real tokens."""
-        return self.out(self._pooled(ids, attend_mask=attend_mask))
+        return self.out(self._pooled(ids, padding_mask(ids, self.pad_id), attend_mask=attend_mask))
 
 
 class DecoderLM(_Model):

@@ -95,13 +95,10 @@ def refuse_overwriting(path: str | Path, option: str, *, run: str | Path,
         if out.samefile(source):
             raise AttnlabError(f"{option} {out} is the {name} file this command reads; writing there would replace "
                                "it: choose another name")
-    run_dir = Path(run).resolve()
-    target = out.resolve()
-    if run_dir not in target.parents:
-        return
-    inside = target.relative_to(run_dir)
-    if inside.parts[0] == CHECKPOINT or (len(inside.parts) == 1 and target.exists()
-                                         and (target.suffix in RUN_OWNED_SUFFIXES or target.name in RUN_OWNED_NAMES)):
+    inside = _inside_run(out, run)  # (links resolved: a link to the run's config is the config)
+    if inside is not None and (inside.parts[0] == CHECKPOINT or (
+            len(inside.parts) == 1 and out.resolve().exists()
+            and (inside.suffix in RUN_OWNED_SUFFIXES or inside.name in RUN_OWNED_NAMES))):
         raise AttnlabError(f"{option} {out} is a file of the run {run} itself (its settings, weights, tokenizer, "
                            "metrics, loss plot or checkpoint); writing there would break the run: choose another name")
 
@@ -139,15 +136,16 @@ def refuse_input_in_run(path: str | Path | None, option: str, *, run: str | Path
     Raises:
         AttnlabError: naming the option, the file and what the run writes there.
     """
-    if path is None:
-        return
-    run_dir, target = Path(run).resolve(), Path(path).resolve()
-    if run_dir not in target.parents:
-        return
-    inside = target.relative_to(run_dir)
-    if inside.parts[0] == CHECKPOINT or (len(inside.parts) == 1 and inside.name in RUN_FILES):
+    inside = None if path is None else _inside_run(path, run)
+    if inside is not None and (inside.parts[0] == CHECKPOINT or (len(inside.parts) == 1 and inside.name in RUN_FILES)):
         raise AttnlabError(f"{option} {path} is a file the run writes in its folder {run} ({inside}): training would "
                            "overwrite it; move it out of the folder or choose another --out")
+
+
+def _inside_run(path: str | Path, run: str | Path) -> Path | None:
+    """Where ``path`` lies in the run folder ``run`` (links resolved), relative to it; None when outside it."""
+    run_dir, target = Path(run).resolve(), Path(path).resolve()
+    return target.relative_to(run_dir) if run_dir in target.parents else None
 
 
 def unwrap(model: nn.Module) -> nn.Module:
