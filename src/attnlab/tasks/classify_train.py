@@ -418,6 +418,106 @@ def _time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySett
     return max(train for train, _ in timings) + timings[0][1]
 
 
+def _resumed_settings(out: Path, train_path: str | Path, valid_path: str | Path | None, requested: dict[str, Any],
+                      note: Callable[[str], None]) -> tuple[dict[str, Any], ClassifySettings, dict[str, int]]:
+    """What ``--resume`` continues: the run's saved config, its settings, and the new length asked.
+
+    A new length (``steps``, else ``epochs``: returned, re-planned once the data gives an epoch's steps), a
+    new time budget and a new checkpoint interval (where the run stops and what it saves, not what its steps
+    compute) are taken; the other settings are the run's, and those the command line asked are named.
+    Refuses data that changed, other validation data, and a run that has already reached its length.
+    """
+    saved = read_run_config(out, TASK_NAME)
+    refuse_restart_over_a_report(out)  # (before anything is read or said)
+    settings = ClassifySettings(**{"wordllama": False, **saved["classify"]})  # older runs had GloVe only
+    length = {k: v for k, v in requested.items() if k in ("steps", "epochs") and v}
+    budget = {k: v for k, v in requested.items() if k in ("max_seconds", "checkpoint_every")}
+    ignored = ignored_on_resume({k: v for k, v in requested.items() if k not in length | budget},
+                                asdict(settings))
+    settings = replace(settings, **budget)
+    if ignored:
+        note(ignored)
+    data = saved["data"]
+    refuse_changed(train_path, data["train_sha256"], what="training file", started_with=data["train"])
+    # A validation file is checked by content below (the same file named from another folder is the same
+    # data); one that replaces or drops the split, and any other file of a run from before the digests, by name.
+    unsigned = data.get("valid_sha256") is None
+    if (data["valid"] is None) != (valid_path is None) or unsigned and valid_path is not None and \
+            Path(data["valid"]).resolve() != Path(valid_path).resolve():
+        validated = (f"--valid {data['valid']}" if data["valid"] else
+                     f"--valid-fraction {data['valid_fraction']} of the training file")
+        raise AttnlabError(f"this run was validated on {validated}; resume it with the same validation data")
+    if valid_path is not None:  # the best weights were chosen on it: another file would compare apples and pears
+        refuse_changed(valid_path, data.get("valid_sha256"), what="validation file", started_with=data["valid"])
+    if has_checkpoint(out) and "epochs" not in length:  # said before the data is read (epochs need it)
+        steps = length.get("steps", int(saved["train"]["max_steps"]))
+        refuse_ended(out, steps=steps, max_seconds=settings.max_seconds, steps_option="--steps",
+                     lengthened=steps != int(saved["train"]["max_steps"]))
+    return saved, settings, length
+
+
+def _planned_steps(out: Path, model: nn.Module, task: ClassifyTask, settings: ClassifySettings, *,
+                   saved: dict[str, Any] | None, length: dict[str, int], resume: bool,
+                   note: Callable[[str], None]) -> tuple[ClassifySettings, int]:
+    """The run's length in optimizer steps (and its settings, holding a new length a resume asked).
+
+    A new run takes ``--steps``, else ``--epochs``, else as many epochs as fit in ``--max-seconds`` (an epoch
+    timed here); a saved run keeps its planned length unless ``length`` asks another.
+    """
+    per_epoch = task.batches_per_epoch()
+    if saved is not None:
+        planned = int(saved["train"]["max_steps"])  # as planned at the start, even if it was fitted to the time
+        asked = length.get("steps") or length.get("epochs", 0) * per_epoch
+        if resume and "epochs" in length:  # the check before the data had no length in steps to judge by
+            refuse_ended(out, steps=asked, max_seconds=settings.max_seconds, steps_option="--steps",
+                         lengthened=asked != planned)
+        if not asked or asked == planned:
+            return settings, planned
+        settings = replace(settings, steps=asked)
+        if resume:  # (a run with no checkpoint yet starts again from step 0, with its new length)
+            before, after = (settings.train_config(n, per_epoch, False).learning_rates() for n in (planned, asked))
+            note(length_changed(before, after, checkpoint_progress(out)[0]))
+        else:
+            note(f"resume: the run starts again with {asked} steps instead of {planned}")
+        return settings, asked
+    if settings.steps or settings.epochs:
+        return settings, settings.steps or settings.epochs * per_epoch
+    epoch_seconds = time_one_epoch(model, task, settings)
+    epochs = max(1, min(settings.max_epochs, int(settings.max_seconds * FIT_SHARE // epoch_seconds)))
+    measured = f"about {epoch_seconds:.1f} s an epoch, measured"
+    if settings.max_seconds < epoch_seconds:
+        note(f"schedule: 1 epoch of {per_epoch} steps, though it does not fit in {settings.max_seconds:g} s "
+             f"({measured}): the time budget will stop the run before its end")
+    else:
+        many = "1 epoch of {} steps fits" if epochs == 1 else f"{epochs} epochs of {{}} steps fit"
+        note(f"schedule: {many.format(per_epoch)} in {settings.max_seconds:g} s ({measured})")
+    return settings, epochs * per_epoch
+
+
+def _new_run_config(model: nn.Module, tokenizer: WordTokenizer | BPETokenizer, trained: int, data: ClassifyData,
+                    settings: ClassifySettings, config: TrainConfig, train_path: str | Path,
+                    valid_path: str | Path | None, *, truncated: dict[str, int]) -> dict[str, Any]:
+    """A new run's ``config.json``: what ``--resume``, ``eval``, ``predict`` and ``probe`` rebuild it from."""
+    return {
+        "task": TASK_NAME,
+        "model": model_config(model),
+        "tokenizer": TOKENIZER,
+        "tokenizer_kind": tokenizer.kind,
+        "trained_tokens": trained,
+        "labels": data.labels,
+        "max_positions": settings.max_positions,
+        "text_column": data.train.text_column,
+        "label_column": data.train.label_column,
+        "data": {"train": str(train_path), "train_sha256": fingerprint(train_path),
+                 "valid": None if valid_path is None else str(valid_path),
+                 "valid_sha256": None if valid_path is None else fingerprint(valid_path),
+                 "valid_fraction": None if valid_path is not None else settings.valid_fraction,
+                 "train_rows": len(data.train), "valid_rows": len(data.valid), "truncated": truncated},
+        "classify": asdict(settings),
+        "train": config_dict(config),
+    }
+
+
 @holds_run_folder
 def train_classifier(
     train_path: str | Path,
@@ -452,43 +552,16 @@ def train_classifier(
     refuse_input_in_run(valid_path, "--valid", run=out)
     main = is_main_process()
     note = on_note if main else (lambda _line: None)
+    requested = requested or {}
     saved: dict[str, Any] | None = None
+    length: dict[str, int] = {}
     if resume:
-        saved = read_run_config(out, TASK_NAME)
-        refuse_restart_over_a_report(out)  # (before anything is read or said)
-        settings = ClassifySettings(**{"wordllama": False, **saved["classify"]})  # older runs had GloVe only
-        # A new length (--steps, else --epochs) is taken, its schedule re-planned, and a new time budget or
-        # checkpoint interval (where the run stops and what it saves, not what its steps compute); the other
-        # settings are the run's.
-        length = {k: v for k, v in (requested or {}).items() if k in ("steps", "epochs") and v}
-        budget = {k: v for k, v in (requested or {}).items() if k in ("max_seconds", "checkpoint_every")}
-        ignored = ignored_on_resume({k: v for k, v in (requested or {}).items() if k not in length | budget},
-                                    asdict(settings))
-        settings = replace(settings, **budget)
-        if ignored:
-            note(ignored)
-        refuse_changed(train_path, saved["data"]["train_sha256"], what="training file",
-                       started_with=saved["data"]["train"])
-        # A validation file is checked by content below (the same file named from another folder is the same
-        # data); one that replaces or drops the split, and any other file of a run from before the digests, by name.
-        unsigned = saved["data"].get("valid_sha256") is None
-        if (saved["data"]["valid"] is None) != (valid_path is None) or unsigned and valid_path is not None and \
-                Path(saved["data"]["valid"]).resolve() != Path(valid_path).resolve():
-            validated = (f"--valid {saved['data']['valid']}" if saved["data"]["valid"] else
-                         f"--valid-fraction {saved['data']['valid_fraction']} of the training file")
-            raise AttnlabError(f"this run was validated on {validated}; resume it with the same validation data")
-        if valid_path is not None:  # the best weights were chosen on it: another file would compare apples and pears
-            refuse_changed(valid_path, saved["data"].get("valid_sha256"), what="validation file",
-                           started_with=saved["data"]["valid"])
-        if has_checkpoint(out) and "epochs" not in length:  # said before the data is read (epochs need it)
-            steps = length.get("steps", int(saved["train"]["max_steps"]))
-            refuse_ended(out, steps=steps, max_seconds=settings.max_seconds, steps_option="--steps",
-                         lengthened=steps != int(saved["train"]["max_steps"]))
+        saved, settings, length = _resumed_settings(out, train_path, valid_path, requested, note)
     elif (out / CONFIG).exists():  # every process checks, before the barrier below lets rank 0 write
         raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     settings.check(new_run=saved is None)
     if saved is None:
-        for line in unused_options(settings, requested or {}, valid_path is not None):
+        for line in unused_options(settings, requested, valid_path is not None):
             note(f"note: {line}")
     with torch_threads(settings.threads):  # restored afterwards: callers in the same process keep theirs
         data = load_data(train_path, valid_path, settings, labels=None if saved is None else saved["labels"])
@@ -526,60 +599,17 @@ def train_classifier(
                             label_smoothing=settings.label_smoothing,
                             each_head=getattr(model, "num_heads_out", 1) > 1)
         per_epoch = task.batches_per_epoch()
-        if saved is not None:
-            planned = int(saved["train"]["max_steps"])  # as planned at the start, even if it was fitted to the time
-            asked = length.get("steps") or length.get("epochs", 0) * per_epoch
-            if resume and "epochs" in length:  # the check before the data had no length in steps to judge by
-                refuse_ended(out, steps=asked, max_seconds=settings.max_seconds, steps_option="--steps",
-                             lengthened=asked != planned)
-            if asked and asked != planned:
-                settings = replace(settings, steps=asked)
-                if resume:  # (a run with no checkpoint yet starts again from step 0, with its new length)
-                    before, after = (settings.train_config(n, per_epoch, False).learning_rates()
-                                     for n in (planned, asked))
-                    note(length_changed(before, after, checkpoint_progress(out)[0]))
-                else:
-                    note(f"resume: the run starts again with {asked} steps instead of {planned}")
-                planned = asked
-        elif settings.steps or settings.epochs:
-            planned = settings.steps or settings.epochs * per_epoch
-        else:
-            epoch_seconds = time_one_epoch(model, task, settings)
-            budget = settings.max_seconds * FIT_SHARE
-            epochs = max(1, min(settings.max_epochs, int(budget // epoch_seconds)))
-            planned = epochs * per_epoch
-            measured = f"about {epoch_seconds:.1f} s an epoch, measured"
-            if settings.max_seconds < epoch_seconds:
-                note(f"schedule: 1 epoch of {per_epoch} steps, though it does not fit in {settings.max_seconds:g} s "
-                     f"({measured}): the time budget will stop the run before its end")
-            else:
-                many = "1 epoch of {} steps fits" if epochs == 1 else f"{epochs} epochs of {{}} steps fit"
-                note(f"schedule: {many.format(per_epoch)} in {settings.max_seconds:g} s ({measured})")
+        settings, planned = _planned_steps(out, model, task, settings, saved=saved, length=length, resume=resume,
+                                           note=note)
         config = settings.train_config(planned, per_epoch, progress and main)
         distributed.checked_by_all(config.device)
         existed = Path(out).exists()
         if saved is None and main:
             ensure_writable_dir(out)
             tokenizer.save(out / TOKENIZER)
-            write_run_config(out, {
-                "task": TASK_NAME,
-                "model": model_config(model),
-                "tokenizer": TOKENIZER,
-                "tokenizer_kind": tokenizer.kind,
-                "trained_tokens": trained,
-                "labels": data.labels,
-                "max_positions": settings.max_positions,
-                "text_column": data.train.text_column,
-                "label_column": data.train.label_column,
-                "data": {"train": str(train_path), "train_sha256": fingerprint(train_path),
-                         "valid": None if valid_path is None else str(valid_path),
-                         "valid_sha256": None if valid_path is None else fingerprint(valid_path),
-                         "valid_fraction": None if valid_path is not None else settings.valid_fraction,
-                         "train_rows": len(data.train), "valid_rows": len(data.valid),
-                         "truncated": {"train": train_enc.truncated, "valid": valid_enc.truncated}},
-                "classify": asdict(settings),
-                "train": config_dict(config),
-            })
+            write_run_config(out, _new_run_config(model, tokenizer, trained, data, settings, config, train_path,
+                                                  valid_path, truncated={"train": train_enc.truncated,
+                                                                         "valid": valid_enc.truncated}))
         def record() -> None:  # a new length or time budget, once the checkpoint has loaded: an interrupted
             changed = [k for k in ("max_steps", "max_seconds", "checkpoint_every")  # lengthening goes on with a
                        if getattr(config, k) != saved["train"][k]]  # plain --resume

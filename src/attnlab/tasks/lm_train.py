@@ -254,6 +254,59 @@ def _notes(settings: LMSettings, data: LMData, requested: dict[str, Any]) -> lis
     return notes
 
 
+def _resumed_settings(out: str | Path, text: str | Path | None, requested: dict[str, Any],
+                      task_name: str) -> tuple[dict[str, Any], LMSettings, bool]:
+    """What ``--resume`` continues: the run's saved config, its settings, and whether a checkpoint is there.
+
+    The saved settings win, except those of :data:`RESUME_MAY_CHANGE` (where the run stops and what it saves
+    on the way, not what any of its steps compute); the others the command line asked are named. Refuses a
+    ``text`` (None: the caller's data) that changed and a run that has already reached its length. A run
+    killed before its first checkpoint starts again from step 0 with the saved settings, exactly what the
+    uninterrupted run did: the third value is then False.
+    """
+    run_config = read_run_config(out, task_name)
+    refuse_restart_over_a_report(out)  # (before anything is read or said)
+    saved = run_config["lm"]
+    # (runs saved before ``bias`` was a setting had biases)
+    before = LMSettings(**{"bias": True, **saved, "betas": tuple(saved["betas"])})
+    settings = replace(before, **{k: v for k, v in requested.items() if k in RESUME_MAY_CHANGE})
+    main = is_main_process()
+    ignored = ignored_on_resume(requested, asdict(settings))
+    if ignored and main:
+        print(ignored, file=sys.stderr)
+    if text is not None:
+        run_data = run_config.get("data", {})
+        refuse_changed(text, run_data.get("text_sha256"), what="text", started_with=run_data.get("text", text))
+    lengthened = settings.steps != before.steps
+    reached = refuse_ended(out, steps=settings.steps, max_seconds=settings.max_seconds, steps_option="--steps",
+                           lengthened=lengthened)
+    if lengthened and reached and main:  # (no checkpoint, reached 0: it starts again, said below)
+        print(length_changed(before.train_config(progress=False).learning_rates(),
+                             settings.train_config(progress=False).learning_rates(), reached), file=sys.stderr)
+    if has_checkpoint(out):
+        return run_config, settings, True
+    if main:
+        again = "" if not lengthened else f", with {settings.steps} steps instead of {before.steps}"
+        print(f"{out} has no checkpoint yet: starting the run again from step 0{again}", file=sys.stderr)
+    return run_config, settings, False
+
+
+def _run_config(task_name: str, model: nn.Module, text: str | Path, data: LMData, settings: LMSettings,
+                config: TrainConfig, *, selection: str, bom_dropped: bool) -> dict[str, Any]:
+    """The run's ``config.json``: what ``--resume`` and ``attnlab generate`` rebuild it from."""
+    return {
+        "task": task_name,
+        # A subclass (the leak experiment's) is recorded under its own name: no loader mistakes it for DecoderLM.
+        "model": model_config(model),
+        "tokenizer": TOKENIZER,
+        "data": {"text": str(text), "text_sha256": fingerprint(text), "val_fraction": settings.val_fraction,
+                 "train_tokens": len(data.train), "val_tokens": len(data.val), "bom_dropped": bom_dropped},
+        "lm": asdict(settings),
+        "train": config_dict(config),
+        "selection_windows": selection,
+    }
+
+
 @holds_run_folder
 def train_language_model(
     text: str | Path,
@@ -293,34 +346,8 @@ def train_language_model(
     refuse_input_in_run(None if data is not None else text, "--text", run=out)
     run_config: dict[str, Any] | None = None
     if resume:  # the saved settings win: a resumed run must repeat the steps of the one it continues
-        run_config = read_run_config(out, task_name)
-        refuse_restart_over_a_report(out)  # (before anything is read or said)
-        saved = run_config["lm"]
-        # (runs saved before ``bias`` was a setting had biases)
-        settings = LMSettings(**{"bias": True, **saved, "betas": tuple(saved["betas"])})
-        # The time budget and the checkpoint interval may change: they decide where the run stops and what it
-        # saves on the way, not what any of its steps compute.
-        before, settings = settings, replace(
-            settings, **{k: v for k, v in (requested or {}).items() if k in RESUME_MAY_CHANGE})
-        ignored = ignored_on_resume(requested or {}, asdict(settings))
-        if ignored and is_main_process():
-            print(ignored, file=sys.stderr)
-        if data is None:
-            run_data = run_config.get("data", {})
-            refuse_changed(text, run_data.get("text_sha256"), what="text", started_with=run_data.get("text", text))
-        lengthened = settings.steps != before.steps
-        reached = refuse_ended(out, steps=settings.steps, max_seconds=settings.max_seconds, steps_option="--steps",
-                               lengthened=lengthened)
-        if lengthened and reached and is_main_process():  # (no checkpoint, reached 0: it starts again, said below)
-            print(length_changed(before.train_config(progress=False).learning_rates(),
-                                 settings.train_config(progress=False).learning_rates(), reached), file=sys.stderr)
-        if not has_checkpoint(out):
-            # Killed before its first checkpoint: start again from step 0 with the saved settings, which is
-            # exactly what the uninterrupted run did (as the classifier does).
-            if is_main_process():
-                again = "" if settings.steps == before.steps else f", with {settings.steps} steps instead of {before.steps}"
-                print(f"{out} has no checkpoint yet: starting the run again from step 0{again}", file=sys.stderr)
-            resume = False
+        run_config, settings, resume = _resumed_settings(out, None if data is not None else text, requested or {},
+                                                         task_name)
     elif (Path(out) / CONFIG).exists():  # every process checks, before the barrier below lets rank 0 write
         raise AttnlabError(f"{out} already holds a run; continue it with --resume or choose another --out")
     if settings.bf16 is None:  # (a preset's "where it is fast"; a resumed run has its saved True or False)
@@ -355,28 +382,18 @@ def train_language_model(
         task = LMTask(data.train, data.val, context=settings.context, batch_size=settings.batch_size,
                       seed=settings.seed, eval_iters=settings.eval_iters, eval_batch_size=settings.eval_batch_size,
                       selection_windows=selection)
-        if is_main_process():  # once the text and the settings have been accepted
+        main = is_main_process()
+        if main:  # once the text and the settings have been accepted
             for note in _notes(settings, data, requested or {}):
                 print(f"note: {note}", file=sys.stderr)
-        main = is_main_process()
         existed = Path(out).exists()  # read before any process can have made it
         place = distributed.checked_by_all(config.device)
         # only now: a setting the model or the data refuse leaves no folder behind
         out = ensure_writable_dir(out) if main else Path(out)
         if main and saved_tokenizer is None:
             data.tokenizer.save(out / TOKENIZER)
-        run_config = {
-            "task": task_name,
-            # A subclass (the leak experiment's) is recorded under its own name: no loader mistakes it for DecoderLM.
-            "model": model_config(model),
-            "tokenizer": TOKENIZER,
-            "data": {"text": str(text), "text_sha256": fingerprint(text),
-                     "val_fraction": settings.val_fraction, "train_tokens": len(data.train),
-                     "val_tokens": len(data.val), "bom_dropped": not keep_bom},
-            "lm": asdict(settings),
-            "train": config_dict(config),
-            "selection_windows": selection,
-        }
+        run_config = _run_config(task_name, model, text, data, settings, config, selection=selection,
+                                 bom_dropped=not keep_bom)
         if not resume and main:  # a resume records its settings once its checkpoint has loaded (record, below)
             write_run_config(out, run_config)
 
