@@ -109,6 +109,73 @@ def _shown(key: str) -> str:
     return key.replace("sqrt_d", "sqrt(d)")
 
 
+def _red_and_wolf(exp: _Experiment, words: list[list[str]], d: int) -> tuple[str, dict[str, dict], bool]:
+    """The red/wolf distances in both sentences, without and with position: (html, figures, pattern holds)."""
+    red_wolf = {}
+    rows = []
+    for s in (0, 1):
+        gap = abs(words[s].index(PAIR[0]) - words[s].index(PAIR[1]))
+        sem, pos = exp.distance(0.0, s, *PAIR), exp.distance(1.0, s, *PAIR)
+        red_wolf[f"sentence{s}"] = {"gap": gap, "semantic": sem, "with_position": pos}
+        rows.append((f"sentence {s}", f"{gap} token{'s' if gap != 1 else ''}", fmt(sem, 3), fmt(pos, 3),
+                     f"{SEED_RED_WOLF[s][0]:.3f} / {SEED_RED_WOLF[s][1]:.3f}"))
+    body = heading("Red and wolf")
+    body += para("Two unrelated words, three tokens apart in sentence 0 and adjacent in sentence 1:")
+    body += table(["", "apart", f"distance, semantic only (d = {d})", f"distance, with position (d = {d})",
+                   f"seed 000, d = {SEED_WIDTH}: semantic / with position"], rows)
+    far, near = red_wolf["sentence0"], red_wolf["sentence1"]
+    pattern = (abs(far["semantic"] - near["semantic"]) < 1e-9
+               and far["with_position"] - far["semantic"] > near["with_position"] - near["semantic"])
+    body += check(pattern, "the semantic distance is the same in both sentences, and position adds more to the pair "
+                           "that stands further apart: that difference is the order information")
+    if d != SEED_WIDTH:
+        body += para(f"The seed's own figures come from its {SEED_WIDTH}-wide vectors, so they differ from",
+                     f"this page's {d}-wide ones: other vectors give another semantic distance, and the encoding's",
+                     "share of the sum is set by the two norms (the encoding's is sqrt(d/2), a word vector's is",
+                     "whatever GloVe learned). What must carry over is the pattern, which the seed's figures show",
+                     f"too{' and the check above finds here' if pattern else ' but this page does not'}. With",
+                     f"<code>--glove glove.6B.{SEED_WIDTH}d.txt</code> the page computes at the seed's width.")
+    return body, red_wolf, pattern
+
+
+def _weightings(exp: _Experiment, words: list[list[str]], groups: list[list[str]], semantic: np.ndarray,
+                d: int) -> tuple[str, dict[str, float], bool]:
+    """Sentence 1 at four weightings of meaning against position, each layout's Procrustes disparity from the
+    semantic-only ``semantic`` (11, 2): (html, disparities by weighting, their order holds)."""
+    sqrt_d = math.sqrt(d)
+    weightings = [*WEIGHTINGS, (sqrt_d, 1.0, "sqrt_d:1", f"sqrt(d) = {sqrt_d:.2f}, the encoder's ratio")]
+    layouts = [pca_layout(exp.weighted(w1, w2, 1)) for w1, w2, _, _ in weightings]
+    body = heading("Choosing the relative weight")
+    body += para("Sentence 1 as W1 &middot; embedding + W2 &middot; encoding. The encoder multiplies the embedding",
+                 f"by sqrt(d) = {fmt(sqrt_d, 3)} before adding the encoding, which is the last panel.")
+    body += figure(figures.word_panels(layouts, [words[1]] * 4, [groups[1]] * 4,
+                                       [f"W1:W2 = {_shown(key)}, {note}" for _, _, key, note in weightings]),
+                   "PCA of sentence 1 at four weightings of meaning against position",
+                   "Position-heavy (top left) the words arrange themselves by position and the groups dissolve; "
+                   "meaning-heavy (bottom row) the groups come back, with position as a small perturbation.")
+    try:
+        disparity = {key: float(procrustes(semantic, layout)[2])
+                     for (_, _, key, _), layout in zip(weightings, layouts)}
+    except ValueError as err:  # degenerate layouts, e.g. when almost every word is missing
+        raise AttnlabError(f"cannot compare the layouts ({err}); does the GloVe file hold the sentences' words?") from err
+    body += para("Procrustes disparity of each layout from the semantic-only one (0 = same shape after rotation,",
+                 "scaling and shifting; 1 = no relation):")
+    body += table(["W1:W2", f"disparity, d = {d}", f"seed 000, d = {SEED_WIDTH}"],
+                  [(_shown(key), f"{disparity[key]:.6f}", f"{SEED_DISPARITY[key]:.6f}" if key in SEED_DISPARITY else "")
+                   for _, _, key, _ in weightings])
+    body += para("It compares two 2-D projections of eleven words, so it is a demonstration, not a general law:",
+                 "at the encoder's own ratio this arrangement survives almost unchanged. It is the sum of squared",
+                 "distances left after the best fit, both layouts standardised first, not a percentage of structure",
+                 "lost: 0.5 does not mean half the arrangement is gone.")
+    ordered = disparity["1:10"] > disparity["1:1"] > disparity["10:1"]
+    body += check(ordered, "the more weight meaning gets, the closer the layout stays to the semantic one "
+                           "(1:10 > 1:1 > 10:1), as in the seed")
+    if d != SEED_WIDTH:
+        body += para(f"The seed's disparities come from {SEED_WIDTH}-wide vectors, another GloVe set trained on its own,",
+                     "so the two columns differ by more than the width: they are compared for their order only.")
+    return body, disparity, ordered
+
+
 def glove_section(vectors: WordVectors, max_length: int) -> Section:
     """Section 3, on the given word vectors; the encoding width is the vectors' width."""
     d = vectors.dim
@@ -162,62 +229,10 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
                    "With the encoding added at equal weight the two panels differ: the same word now carries a "
                    "different position vector in each sentence.")
 
-    red_wolf = {}
-    rows = []
-    for s in (0, 1):
-        gap = abs(words[s].index(PAIR[0]) - words[s].index(PAIR[1]))
-        sem, pos = exp.distance(0.0, s, *PAIR), exp.distance(1.0, s, *PAIR)
-        red_wolf[f"sentence{s}"] = {"gap": gap, "semantic": sem, "with_position": pos}
-        rows.append((f"sentence {s}", f"{gap} token{'s' if gap != 1 else ''}", fmt(sem, 3), fmt(pos, 3),
-                     f"{SEED_RED_WOLF[s][0]:.3f} / {SEED_RED_WOLF[s][1]:.3f}"))
-    body += heading("Red and wolf")
-    body += para("Two unrelated words, three tokens apart in sentence 0 and adjacent in sentence 1:")
-    body += table(["", "apart", f"distance, semantic only (d = {d})", f"distance, with position (d = {d})",
-                   f"seed 000, d = {SEED_WIDTH}: semantic / with position"], rows)
-    far, near = red_wolf["sentence0"], red_wolf["sentence1"]
-    pattern = (abs(far["semantic"] - near["semantic"]) < 1e-9
-               and far["with_position"] - far["semantic"] > near["with_position"] - near["semantic"])
-    body += check(pattern, "the semantic distance is the same in both sentences, and position adds more to the pair "
-                           "that stands further apart: that difference is the order information")
-    if d != SEED_WIDTH:
-        body += para(f"The seed's own figures come from its {SEED_WIDTH}-wide vectors, so they differ from",
-                     f"this page's {d}-wide ones: other vectors give another semantic distance, and the encoding's",
-                     "share of the sum is set by the two norms (the encoding's is sqrt(d/2), a word vector's is",
-                     "whatever GloVe learned). What must carry over is the pattern, which the seed's figures show",
-                     f"too{' and the check above finds here' if pattern else ' but this page does not'}. With",
-                     f"<code>--glove glove.6B.{SEED_WIDTH}d.txt</code> the page computes at the seed's width.")
-
-    sqrt_d = math.sqrt(d)
-    weightings = [*WEIGHTINGS, (sqrt_d, 1.0, "sqrt_d:1", f"sqrt(d) = {sqrt_d:.2f}, the encoder's ratio")]
-    layouts = [pca_layout(exp.weighted(w1, w2, 1)) for w1, w2, _, _ in weightings]
-    body += heading("Choosing the relative weight")
-    body += para("Sentence 1 as W1 &middot; embedding + W2 &middot; encoding. The encoder multiplies the embedding",
-                 f"by sqrt(d) = {fmt(sqrt_d, 3)} before adding the encoding, which is the last panel.")
-    body += figure(figures.word_panels(layouts, [words[1]] * 4, [groups[1]] * 4,
-                                       [f"W1:W2 = {_shown(key)}, {note}" for _, _, key, note in weightings]),
-                   "PCA of sentence 1 at four weightings of meaning against position",
-                   "Position-heavy (top left) the words arrange themselves by position and the groups dissolve; "
-                   "meaning-heavy (bottom row) the groups come back, with position as a small perturbation.")
-    try:
-        disparity = {key: float(procrustes(semantic[1], layout)[2])
-                     for (_, _, key, _), layout in zip(weightings, layouts)}
-    except ValueError as err:  # degenerate layouts, e.g. when almost every word is missing
-        raise AttnlabError(f"cannot compare the layouts ({err}); does the GloVe file hold the sentences' words?") from err
-    body += para("Procrustes disparity of each layout from the semantic-only one (0 = same shape after rotation,",
-                 "scaling and shifting; 1 = no relation):")
-    body += table(["W1:W2", f"disparity, d = {d}", f"seed 000, d = {SEED_WIDTH}"],
-                  [(_shown(key), f"{disparity[key]:.6f}", f"{SEED_DISPARITY[key]:.6f}" if key in SEED_DISPARITY else "")
-                   for _, _, key, _ in weightings])
-    body += para("It compares two 2-D projections of eleven words, so it is a demonstration, not a general law:",
-                 "at the encoder's own ratio this arrangement survives almost unchanged. It is the sum of squared",
-                 "distances left after the best fit, both layouts standardised first, not a percentage of structure",
-                 "lost: 0.5 does not mean half the arrangement is gone.")
-    ordered = disparity["1:10"] > disparity["1:1"] > disparity["10:1"]
-    body += check(ordered, "the more weight meaning gets, the closer the layout stays to the semantic one "
-                           "(1:10 > 1:1 > 10:1), as in the seed")
-    if d != SEED_WIDTH:
-        body += para(f"The seed's disparities come from {SEED_WIDTH}-wide vectors, another GloVe set trained on its own,",
-                     "so the two columns differ by more than the width: they are compared for their order only.")
+    part, red_wolf, pattern = _red_and_wolf(exp, words, d)
+    body += part
+    part, disparity, ordered = _weightings(exp, words, groups, semantic[1], d)
+    body += part
 
     numbers = {
         "source": vectors.source,
