@@ -119,16 +119,76 @@ def test_difference_is_relative_and_nan_agrees_only_with_nan():
     diff = difference(nan, one)
     assert not diff.same and math.isinf(diff.max_diff) and diff.positions == [[0]]
     assert "NaN or infinite" in str(diff)
-    assert difference(one, one.clone()).finite and not difference(nan, nan.clone()).finite
+    assert difference(one, one.clone()).finite and not diff.finite  # NaN on one side only decides nothing
+    # NaN alike on both sides is left out and the finite rest judged; with no finite rest nothing is decided
+    assert difference(nan, nan.clone()).finite and not difference(nan[:1], nan[:1].clone()).finite
+    assert not difference(nan, torch.tensor([[float("nan")], [1.5]])).same
+
+
+def test_one_outlying_feature_widens_only_its_own_bound():
+    """A pad logit masked to -1e4 (or -inf) must not hide a difference in the other logits; small outputs
+    (probabilities over a large vocabulary) are judged at their own scale."""
+    logits = torch.randn(4, 10, generator=torch.Generator().manual_seed(0))
+    logits[:, 0] = -1e4
+    moved = logits.clone()
+    moved[1, 3] += 0.01
+    diff = difference(logits, moved)
+    assert not diff.same and diff.positions == [[1]] and abs(diff.max_diff - 0.01) < 1e-6
+    assert difference(logits, logits + 1e-6).same  # float32 noise at the logits' own scale
+    pad = logits.clone()
+    pad[:, 0] = -1e4 * (1 + 1e-6)  # rounding of the outlier itself, at its scale
+    assert difference(logits, pad).same
+    logits[:, 0] = -math.inf  # non-finite alike on both sides: left out, the rest still judged
+    moved[:, 0] = -math.inf
+    diff = difference(logits, moved)
+    assert diff.finite and not diff.same and diff.positions == [[1]]
+    probs = torch.full((2, 100_000), 1e-5)
+    assert not difference(probs, probs * (1 + 0.5)).same  # a change of 5e-6, far above rounding at this scale
+    assert difference(probs, probs * (1 + 1e-6)).same
+    pooled = torch.tensor([1e9, 1.0, 2.0, 3.0])  # position_dims=0: each entry is its own feature
+    assert not difference(pooled, pooled + torch.tensor([0.0, 0.01, 0.0, 0.0]), position_dims=0).same
+
+
+def test_a_leak_shows_past_an_outlying_or_infinite_pad_logit_and_a_correct_model_still_passes():
+    """Generation code often masks the pad logit with -1e4, -1e9 or -inf: one maximum over the whole output
+    made the bound about 1 (a leaking decoder passed causal) or left every comparison out (-inf)."""
+    def pad_logit(model, value):
+        def call(ids):
+            out = model(ids).clone()
+            out[..., 0] = value
+            return out
+        return call
+
+    for value in (-1e4, -1e9, -math.inf):
+        leaky = run_checks(pad_logit(load_model(f"{TORCH_EXAMPLES}:torch_encoder_as_decoder"), value),
+                           Contract("decoder"), seeds=2, only=["causal", "order-sensitivity"])
+        assert leaky.results[0].status == "fail", (value, leaky.results[0])
+        correct = run_checks(pad_logit(load_model(f"{TORCH_EXAMPLES}:torch_decoder"), value), Contract("decoder"),
+                             seeds=2, only=["causal", "padding-invariance", "order-sensitivity", "mode"])
+        assert [r.status for r in correct.results] == ["pass"] * 4, (value, correct.results)
+
+
+def test_dropout_left_on_is_found_when_padding_positions_are_nan():
+    """NaN at padding positions on both calls (a model whose loss ignores them) is left out of the comparison:
+    mode fails and the comparing checks skip, instead of blaming masks for the noise."""
+    model = load_model(f"{TORCH_EXAMPLES}:torch_decoder")
+
+    def noisy(ids):
+        out = torch.nn.functional.dropout(model(ids), 0.2, training=True)
+        return torch.where((ids == 0)[..., None], math.nan, out)
+
+    report = {r.name: r.status for r in run_checks(noisy, Contract("decoder"), seeds=2).results}
+    assert report["mode"] == "fail" and report["causal"] == "skip" and report["padding-invariance"] == "skip"
 
 
 def test_a_tally_leaves_out_comparisons_of_non_finite_outputs():
     nan, one = torch.tensor([float("nan"), 1.0]), torch.tensor([1.0, 1.0])
     tally = Tally()
-    assert not tally.judge(difference(nan, nan.clone(), position_dims=0))  # NaN agreeing with NaN proves nothing
+    assert not tally.judge(difference(nan, one, position_dims=0))  # NaN on one side only proves nothing
+    assert not tally.judge(difference(nan[:1], nan[:1].clone(), position_dims=0))  # nor NaN agreeing with NaN
     assert tally.judge(difference(one, one + 0.5, position_dims=0))
-    assert (tally.judged, tally.left_out, tally.worst) == (1, 1, 0.5)
-    assert tally.note == "; 1 comparison(s) with non-finite outputs left out"
+    assert (tally.judged, tally.left_out, tally.worst) == (1, 2, 0.5)
+    assert tally.note == "; 2 comparison(s) with non-finite outputs left out"
 
 
 # --- the runner: modes, exceptions, evidence ------------------------------------------------------

@@ -1,17 +1,28 @@
 """When two outputs count as the same: one tolerance for every check.
 
-Two outputs ``a`` and ``b`` agree when ``max |a - b| <= atol + rtol * scale`` with ``scale`` the largest
-finite magnitude in either. The bound is relative because logits and hidden states come at any scale;
-it is loose enough for what float32 kernels do differently on a batch of another size or width (about
-1e-7 relative) and some hundred times tighter than the smallest effect of any bug the mutation suite
+Two outputs ``a`` and ``b`` agree when every entry's difference is within its bound,
+``|a - b| <= atol * min(1, top) + rtol * scale``. The bound is relative because logits and hidden states
+come at any scale, and its scale is the entry's **feature's**: the largest finite magnitude that feature
+(an entry of the last axes: a vocabulary logit, a hidden unit) takes at any position on either side, and at
+least the median of those maxima over the features. One outlying feature therefore widens only its own
+bound: a pad logit masked to -1e4 or -1e9, or a hidden unit of massive activations, would otherwise make
+every other difference look like rounding (a leaking decoder passed). The absolute floor ``atol`` shrinks
+with ``top``, the largest finite magnitude of all, so that outputs that are small everywhere
+(probabilities over a large vocabulary) are judged at their own scale.
+
+The bound is loose enough for what float32 kernels do differently on a batch of another size or width
+(about 1e-7 relative) and some hundred times tighter than the smallest effect of any bug the mutation suite
 plants (in float32; a half-precision model's comparisons are as strict, so check it in float32). Only
 ``inference-path``, which compares two kernels, widens the relative term to four machine epsilons of a
-bfloat16 or float16 output (:meth:`Tolerance.for_kernels`). Non-finite values agree only with the same non-finite value (NaN with NaN, ``inf`` with
-``inf``), as in ``torch.testing.assert_close(equal_nan=True)``; against anything else they are a
-difference of ``inf``. A comparison with a non-finite value on either side decides nothing (two NaN
-agreeing says nothing about masks or positions), so the checks leave it out
-(:attr:`Difference.finite`), and skip when nothing is left: a model that gives NaN is reported by the
-finite check, and the other checks judge only their own property.
+bfloat16 or float16 output (:meth:`Tolerance.for_kernels`).
+
+Non-finite values agree only with the same non-finite value (NaN with NaN, ``inf`` with ``inf``), as in
+``torch.testing.assert_close(equal_nan=True)``; against anything else they are a difference of ``inf``.
+Entries non-finite alike on both sides (a pad logit of ``-inf``, NaN at padding positions) are left out and
+the finite rest is judged. A comparison with an entry non-finite on one side only, or with no entry finite
+on both, decides nothing (:attr:`Difference.finite`): the checks leave it out, and skip when nothing is
+left, since a model that gives NaN is reported by the finite check and the other checks judge only their
+own property.
 """
 
 from __future__ import annotations
@@ -30,17 +41,30 @@ EPS_FACTOR = 4
 
 @dataclass(frozen=True)
 class Tolerance:
-    """``atol + rtol * scale``: see the module docstring."""
+    """``atol * min(1, top) + rtol * scale`` per entry: see the module docstring."""
 
     atol: float = 1e-5
     rtol: float = 1e-4
 
-    def bound(self, a: Tensor, b: Tensor) -> float:
-        """The largest difference between ``a`` and ``b`` that still counts as none."""
-        return self.atol + self.rtol * max(_finite_max(a), _finite_max(b))
+    def bounds(self, a: Tensor, b: Tensor, judged: Tensor, *, position_dims: int = 1) -> Tensor:
+        """Each entry's largest difference that still counts as none.
+
+        Args:
+            a, b: outputs of equal shape (float64), ``position_dims`` leading axes of positions, then features.
+            judged: where both are finite (the magnitudes of the other entries count as 0).
+        """
+        size = a.shape[:position_dims].numel() if position_dims and a.dim() > position_dims else 1
+        magnitude = torch.where(judged, torch.maximum(a.abs(), b.abs()), 0.0).reshape(size, -1)  # (positions, features)
+        if magnitude.numel() == 0:
+            return torch.zeros_like(a)
+        feature = magnitude.amax(0)  # (features,)
+        scale = torch.maximum(feature, feature.median())
+        top = float(feature.max())
+        return (self.atol * min(1.0, top) + self.rtol * scale).expand_as(magnitude).reshape(a.shape)
 
     def describe(self) -> str:
-        return f"|difference| <= {self.atol:g} + {self.rtol:g} x max|output|"
+        return (f"|difference| <= {self.atol:g} x min(1, max|output|) + {self.rtol:g} x max|that output feature| "
+                "(at least the features' median)")
 
     def for_kernels(self, dtype: torch.dtype) -> Tolerance:
         """This tolerance for comparing two *kernels* on outputs of ``dtype``: in bfloat16 (eps 2^-7) or float16
@@ -59,10 +83,12 @@ class Difference:
     """How far apart two outputs are.
 
     Attributes:
-        max_diff: largest absolute difference (``inf`` where either side is not finite).
-        bound: the tolerance bound it was judged against.
-        positions: indices (into the compared tensors' leading axes) where the difference exceeds the bound.
-        finite: whether every value on both sides is finite; when not, the comparison decides nothing.
+        max_diff: the largest difference beyond its entry's bound if any, else the largest difference (``inf``
+            where one side is not finite and the other is not the same value).
+        bound: that entry's bound.
+        positions: indices (into the compared tensors' leading axes) where a difference exceeds its bound.
+        finite: whether the comparison decides anything: False when an entry is non-finite on one side only (or
+            NaN against infinity), or when no entry is finite on both sides.
     """
 
     max_diff: float
@@ -83,21 +109,30 @@ def difference(a: Tensor, b: Tensor, *, position_dims: int = 1, tolerance: Toler
 
     Args:
         a, b: outputs of equal shape, e.g. (seq, ...) for one row's positions or (...) for a pooled one.
-        position_dims: how many leading axes name a position in ``positions`` (0: none).
+        position_dims: how many leading axes name a position in ``positions`` (0: none); the axes after them
+            hold the features whose scales the bound follows.
+
+    Returns:
+        the largest difference beyond its bound, with that bound, when there is one; else the largest
+        difference and its bound.
     """
     if a.shape != b.shape:
         raise ValueError(f"outputs of shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be compared")
     a, b = a.detach().double(), b.detach().double()
-    finite = torch.isfinite(a) & torch.isfinite(b)
-    same_non_finite = (a == b) | (torch.isnan(a) & torch.isnan(b))
-    diff = torch.where(finite, (a - b).abs(), torch.where(same_non_finite, 0.0, float("inf")))
-    bound = tolerance.bound(a, b)
-    max_diff = float(diff.max()) if diff.numel() else 0.0
+    judged = torch.isfinite(a) & torch.isfinite(b)
+    alike = (a == b) | (torch.isnan(a) & torch.isnan(b))  # non-finite alike on both sides: left out
+    diff = torch.where(judged, (a - b).abs(), torch.where(alike, 0.0, float("inf")))
+    bound = tolerance.bounds(a, b, judged, position_dims=position_dims)
+    over = diff > bound
+    if diff.numel() == 0:
+        return Difference(0.0, 0.0, [], finite=False)
+    worst = int(torch.where(over, diff, -1.0).argmax()) if over.any() else int(diff.argmax())
     positions: list[list[int]] = []
     if position_dims and diff.dim() >= position_dims:
-        worst = diff.flatten(position_dims).amax(-1) if diff.dim() > position_dims else diff
-        positions = [list(map(int, p)) for p in torch.nonzero(worst > bound)]
-    return Difference(max_diff, bound, positions, finite=bool(finite.all()))
+        flagged = over.flatten(position_dims).any(-1) if diff.dim() > position_dims else over
+        positions = [list(map(int, p)) for p in torch.nonzero(flagged)]
+    finite = bool((judged | alike).all()) and bool(judged.any())
+    return Difference(float(diff.flatten()[worst]), float(bound.flatten()[worst]), positions, finite=finite)
 
 
 #: The summary of a comparing check that skips because every comparison had a non-finite output.
@@ -133,7 +168,3 @@ class Tally:
         return CheckResult(name, "pass", f"{passed} (largest difference {self.worst:.2g}){self.note}", tolerance, seeds,
                            {"max_diff": self.worst})
 
-
-def _finite_max(x: Tensor) -> float:
-    finite = x.detach()[torch.isfinite(x.detach())]
-    return float(finite.abs().max()) if finite.numel() else 0.0
