@@ -838,6 +838,18 @@ def test_a_model_of_another_kind_is_told_to_check_its_kind():
     assert result.status == "fail" and "missing 1 required positional argument: 'mask'" in result.summary
     assert "--kind" not in result.summary
 
+    class Submodule(nn.Module):  # a submodule called with a mask it does not take: the model's own bug too
+        def __init__(self):
+            super().__init__()
+            self.ff = nn.Sequential(nn.Identity())
+
+        def forward(self, ids):
+            return self.ff(lm(ids), ids != 0)
+
+    result = run_checks(Submodule(), Contract("decoder", vocab_size=20), seeds=1, only=["causal"]).results[0]
+    assert result.status == "fail" and "Sequential.forward() takes 2" in result.summary
+    assert "--kind" not in result.summary
+
     def broken(ids):  # a TypeError of torch's, inside a model of the right kind: no hint about --kind
         return torch.nn.functional.linear((ids,), torch.ones(2, 2))
 

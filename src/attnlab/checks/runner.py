@@ -105,17 +105,20 @@ def _refuse_uncallable(mut: ModelUnderTest) -> None:
 
 def _call_mismatch(err: BaseException) -> bool:
     """Whether ``err`` is Python refusing the call's arguments at the model's door, not a TypeError from inside
-    it: the message says so and the innermost frame is the caller's (attnlab's, or torch's ``Module.__call__``)."""
+    it: the message says so and the innermost frame is the caller's (attnlab's), or torch's ``Module.__call__``
+    entered from the caller's. A submodule called with the wrong arguments inside the model (a mask passed
+    positionally to an ``nn.Sequential``) is the model's own bug: its frames lie between the two."""
     if not (isinstance(err, TypeError) and _WRONG_ARITY.search(str(err))):
         return False
+    codes = []
     tb = err.__traceback__
-    while tb is not None and tb.tb_next is not None:
+    while tb is not None:
+        codes.append(tb.tb_frame.f_code)
         tb = tb.tb_next
-    if tb is None:
-        return False
-    code = tb.tb_frame.f_code
+    while codes and codes[-1].co_filename.endswith(TORCH_MODULE_CALL):  # Module.__call__ and the calls it makes
+        codes.pop()
     call = ModelUnderTest.__call__.__code__  # the model is called from lambdas defined in it
-    return code is call or code in call.co_consts or code.co_filename.endswith(TORCH_MODULE_CALL)
+    return bool(codes) and (codes[-1] is call or codes[-1] in call.co_consts)
 
 
 #: Where ``nn.Module.__call__`` binds ``forward``'s arguments.
