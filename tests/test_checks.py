@@ -713,6 +713,23 @@ def test_the_checks_run_the_training_path_even_when_the_model_is_frozen_or_calls
         assert [r.status for r in report.results] == ["fail", "fail"], report
 
 
+def test_a_frozen_torchscript_model_is_checked_and_meta_weights_are_one_error():
+    import warnings
+
+    model = nn.Sequential(nn.Embedding(32, 8), nn.Dropout(0.1), nn.Linear(8, 4)).eval()  # per position: no mixing
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit is deprecated, and still in use
+        frozen = torch.jit.freeze(torch.jit.script(model))
+    assert not hasattr(frozen, "training")  # what made mode() raise AttributeError
+    report = run_checks(frozen, Contract("encoder"), seeds=2, only=["padding-invariance", "batch-independence", "mode"])
+    assert [r.status for r in report.results] == ["pass", "pass", "note"], report.results  # frozen: dropout gone
+    assert not hasattr(frozen, "training")  # left as it was
+    with torch.device("meta"):
+        unloaded = DecoderLM(20, 8, 1, 2).eval()
+    with pytest.raises(AttnlabError, match="meta tensor.*weights still on the meta device, never loaded"):
+        run_checks(unloaded, Contract("decoder", vocab_size=20), seeds=1)
+
+
 def test_an_inference_only_wrapper_is_checked_without_gradients():
     model = load_model(f"{TORCH_EXAMPLES}:torch_encoder")
     as_numpy = lambda ids: torch.from_numpy(model(ids).numpy())  # noqa: E731 - fails on a tensor needing grad

@@ -142,7 +142,7 @@ class ModelUnderTest:
         makes it: under ``no_grad`` (gradients on when the model is in train mode, as in training), on the path
         training takes (or the fast path, see :meth:`with_fast_path`), its exceptions as :class:`ModelRaised`, its
         output checked to have ``rows`` rows and moved to the CPU."""
-        grad = isinstance(self.model, nn.Module) and self.model.training and not self.loaded_for_inference
+        grad = getattr(self.model, "training", False) and not self.loaded_for_inference
         calling = torch.inference_mode() if self.loaded_for_inference else torch.set_grad_enabled(grad)
         with calling, _fast_path(self.fast_path), self._random_streams():
             try:
@@ -152,6 +152,9 @@ class ModelUnderTest:
             except BaseException as err:  # SystemExit too: a model that exits is a finding, not the end of the run
                 raise ModelRaised(err) from err
         out = output_tensor(raw)
+        if out.is_meta:
+            raise OutputError("the output is a meta tensor, which holds no values: are the model's weights still on "
+                              "the meta device, never loaded?")
         if out.dim() == 0 or out.shape[0] != rows:
             raise OutputError(f"the output has shape {tuple(out.shape)}, but the batch has {rows} "
                               f"row{'s' if rows != 1 else ''}")
@@ -251,10 +254,14 @@ def mode(model: Any, *, training: bool) -> Iterator[bool]:
     if not isinstance(model, nn.Module):
         yield False
         return
-    saved = [(m, m.training) for m in model.modules()]
+    # (a frozen TorchScript module has no ``training`` until train() sets one: it is taken away again after)
+    saved = [(m, getattr(m, "training", None)) for m in model.modules()]
     model.train(training)
     try:
         yield True
     finally:
         for module, was_training in saved:
-            module.training = was_training
+            if was_training is None:
+                module.__dict__.pop("training", None)
+            else:
+                module.training = was_training
