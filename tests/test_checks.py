@@ -713,6 +713,19 @@ def test_the_checks_run_the_training_path_even_when_the_model_is_frozen_or_calls
         assert [r.status for r in report.results] == ["fail", "fail"], report
 
 
+def test_a_leak_only_at_lengths_between_the_short_and_the_longest_rows_fails_causal():
+    """Chunked attention whose partial last chunk reads ahead leaks only at some lengths past 8: rows of a width
+    between the short ones (2..8) and the longest are checked too."""
+    def chunked(ids):
+        out = torch.cumsum(ids.float(), dim=1)[..., None]  # causal: a running sum
+        if 8 < ids.shape[1] < 16:
+            out[:, :-1] += ids[:, 1:, None].float()  # the future, at these lengths only
+        return out
+
+    result = run_checks(chunked, Contract("decoder", max_length=16), seeds=1, only=["causal"]).results[0]
+    assert result.status == "fail" and 8 < len(result.evidence["input"]) < 16, result
+
+
 def test_a_frozen_torchscript_model_is_checked_and_meta_weights_are_one_error():
     import warnings
 

@@ -17,6 +17,8 @@ Inputs per seed, each row changed at every position after its cut and compared o
   (the longest length at most :data:`ALL_CUTS_UP_TO`, else a random :data:`LONG_CUTS` of them), with the
   others the cut before the last position, the cuts around position 8 and random ones: a mask built
   only for short inputs, or a cache or window that takes over past some length, must not pass;
+* when there are widths between, rows of a random one of them, cut around position 8, before the last
+  position and at random: attention in chunks whose last chunk is partial must not pass;
 * the short rows again in **train mode**, both calls starting torch's random streams from one seed, so
   that dropout draws the same masks: a branch taken only in training (dropout on, the causal mask
   forgotten there) must not pass. Skipped for a plain function, and for a model whose train mode is not
@@ -136,6 +138,11 @@ def check_causal(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
                                 tally, padded=True)
         if failed is None and longest > short_width(contract):
             failed = _cut_trial(mut, gen, seed, done, longest, _long_cuts(gen, longest, done == 1), tally)
+        if failed is None and longest > short_width(contract) + 1:  # (a stream of its own, as the padded rows')
+            between = generator(NAME + " between", seed)
+            width_between = randint(between, short_width(contract) + 1, longest - 1)
+            failed = _cut_trial(mut, between, seed, done, width_between,
+                                _long_cuts(between, width_between, first=False), tally)
         if failed is None:
             with mode(mut.model, training=True) as switched:
                 if train_mode is None:
