@@ -726,6 +726,18 @@ def test_a_leak_only_at_lengths_between_the_short_and_the_longest_rows_fails_cau
     assert result.status == "fail" and 8 < len(result.evidence["input"]) < 16, result
 
 
+def test_a_model_that_edits_its_ids_in_place_changes_no_input_the_checks_compare_or_report():
+    def remaps(ids):
+        out = torch.cumsum(ids.float(), dim=1)[..., None]
+        ids[ids == 3] = 0  # e.g. a pad id remapped in place
+        return out
+
+    ids = torch.tensor([[3, 1, 3]])
+    ModelUnderTest(remaps, Contract("decoder", pad_id=3))(ids)
+    assert ids.tolist() == [[3, 1, 3]]
+    assert not run_checks(remaps, Contract("decoder", pad_id=None), seeds=2, only=["causal"]).failed
+
+
 def test_a_frozen_torchscript_model_is_checked_and_meta_weights_are_one_error():
     import warnings
 

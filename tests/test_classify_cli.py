@@ -514,6 +514,20 @@ def test_check_reads_a_classifier_runs_contract(trained):
     assert {c["name"]: c["status"] for c in report["checks"]}["padding-invariance"] == "pass"
 
 
+def test_check_names_a_runs_own_pad_id_outside_its_vocabulary_as_the_runs(trained, tmp_path):
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(trained[0] / "run", damaged)
+    config = json.loads((damaged / "config.json").read_text())
+    config["model"]["kwargs"]["pad_id"] = 10**6
+    (damaged / "config.json").write_text(json.dumps(config))
+    result = run("check", damaged)
+    assert result.exit_code == 2 and result.stderr.startswith("error: the run's config.json gives pad_id 1000000, "
+                                                              "outside its vocabulary"), result.stderr
+    assert "--pad-id" in result.stderr and "Invalid value" not in result.stderr
+
+
 def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_run_behind(tmp_path):
     good = write_tickets(tmp_path / "good.csv", 40)
     args = ["train", "classify", "--train", good, "--out", tmp_path / "out", *SMALL, "--epochs", "1"]

@@ -133,9 +133,11 @@ class ModelUnderTest:
         if seq2seq != (tgt is not None):
             raise ValueError("seq2seq models take (src, tgt); other kinds take ids only")
         self.last_input = {"src": ids.tolist(), "tgt": tgt.tolist()} if tgt is not None else {"ids": ids.tolist()}
+        # Copies: a model that edits its ids in place must not change the inputs the checks compare and report.
         if tgt is not None:
-            return self.invoke(lambda: self.model(ids.to(self.device), tgt.to(self.device)), rows=ids.shape[0])
-        return self.invoke(lambda: self.model(ids.to(self.device)), rows=ids.shape[0])
+            return self.invoke(lambda: self.model(ids.to(self.device, copy=True), tgt.to(self.device, copy=True)),
+                               rows=ids.shape[0])
+        return self.invoke(lambda: self.model(ids.to(self.device, copy=True)), rows=ids.shape[0])
 
     def invoke(self, call: Callable[[], Any], *, rows: int) -> Tensor:
         """The output tensor of ``call()``, a call of the model (or of one of its methods), made as every check

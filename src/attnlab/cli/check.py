@@ -132,6 +132,9 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
                 raise click.BadParameter(f"{given} is more than the run's own {limit}", param_hint=f"'{option}'")
     vocab_size = vocab_size or defaults["vocab_size"]
     max_length = max_length or defaults["max_length"]
+    if pad_id is not None and not 0 <= pad_id < vocab_size and not pad_given:  # the run's own, edited or damaged
+        raise AttnlabError(f"the run's {CONFIG} gives pad_id {pad_id}, outside its vocabulary 0..{vocab_size - 1}; "
+                           "give --pad-id")
     if pad_id is not None and not 0 <= pad_id < vocab_size:
         raise click.BadParameter(f"{pad_id} is outside the vocabulary 0..{vocab_size - 1} (--vocab-size {vocab_size})",
                                  param_hint="'--pad-id'")
