@@ -738,6 +738,19 @@ def test_a_model_that_edits_its_ids_in_place_changes_no_input_the_checks_compare
     assert not run_checks(remaps, Contract("decoder", pad_id=None), seeds=2, only=["causal"]).failed
 
 
+def test_a_failed_padding_check_names_the_mask_parameter_the_checks_never_pass():
+    inner = load_model(f"{TORCH_EXAMPLES}:torch_encoder_without_padding_mask")
+
+    class TakesMask(nn.Module):  # Hugging Face style: the caller gives the mask, and the checks call model(ids)
+        def forward(self, input_ids, attention_mask=None):
+            return inner(input_ids)
+
+    told = run_checks(TakesMask(), Contract("encoder"), seeds=1, only=["padding-invariance"]).results[0]
+    assert told.status == "fail" and "the model takes attention_mask, which the checks never pass" in told.summary
+    plain = run_checks(inner, Contract("encoder"), seeds=1, only=["padding-invariance"]).results[0]
+    assert plain.status == "fail" and "never pass" not in plain.summary
+
+
 def test_a_frozen_torchscript_model_is_checked_and_meta_weights_are_one_error():
     import warnings
 

@@ -18,6 +18,7 @@ returning something the checks cannot use (:class:`OutputError`, the tool's own 
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -245,6 +246,22 @@ def _fast_path(enabled: bool) -> Iterator[None]:
             yield
         finally:
             torch.backends.mha.set_fastpath_enabled(before)
+
+
+def unpassed_mask_parameters(model: Any) -> list[str]:
+    """The parameters of the model's ``forward`` (or of a plain callable) that name a mask and have a default.
+
+    The checks call ``model(ids)`` (``model(src, tgt)`` for seq2seq) and never pass them, so a model that relies
+    on its caller for the padding mask, as a Hugging Face ``attention_mask=None`` does, runs without one: the
+    padding checks name them when they fail.
+    """
+    try:
+        signature = inspect.signature(model.forward if isinstance(model, nn.Module) else model)
+    except (TypeError, ValueError):  # builtins and some C extensions have none
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in signature.parameters.values()
+            if "mask" in p.name.lower() and p.kind in kinds and p.default is not inspect.Parameter.empty]
 
 
 @contextmanager

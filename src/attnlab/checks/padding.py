@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from attnlab.checks.calling import ModelUnderTest
+from attnlab.checks.calling import ModelUnderTest, unpassed_mask_parameters
 from attnlab.checks.compare import TOLERANCE, Difference, Tally
 from attnlab.checks.contract import Contract
 from attnlab.checks.inputs import (
@@ -58,7 +58,7 @@ UNDER_CAUSAL_PAD_CAUSES = ("real positions reading what comes after them, a look
                            "expects batch-major does (batch-independence fails too then)")
 
 
-def _fail(name: str, seed: int, done: int, what: str, row: int, diff: Difference, inputs: dict,
+def _fail(mut: ModelUnderTest, name: str, seed: int, done: int, what: str, row: int, diff: Difference, inputs: dict,
           causes: str) -> CheckResult:
     """A failed padding check; ``what`` says what was changed, in words, with the row's tokens; ``causes``
     what that most often means."""
@@ -67,6 +67,10 @@ def _fail(name: str, seed: int, done: int, what: str, row: int, diff: Difference
                 "bound": diff.bound}
     where = f" at position(s) {shown(positions)}" if positions else ""
     summary = f"seed {seed}: {what}: output{where} differs by up to {diff} (likely causes: {causes})"
+    unpassed = unpassed_mask_parameters(mut.model)
+    if unpassed:  # the most likely cause of all: the mask is the caller's job and the checks never give it
+        summary += (f"; note: the model takes {', '.join(unpassed)}, which the checks never pass (they call "
+                    "model(ids)): wrap it in HFAdapter, or in a function that builds the mask from the ids")
     return CheckResult(name, "fail", summary, TOLERANCE.describe(), done, evidence)
 
 
@@ -104,7 +108,7 @@ def _alone_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int
         for what, out, at, evidence, causes in trials:
             diff = mut.compare(mut.positions(alone, 0, len(row)), mut.positions(out, at, len(row)))
             if tally.judge(diff) and not diff.same:
-                return _fail(INVARIANCE, seed, done, what, i, diff, evidence, causes)
+                return _fail(mut, INVARIANCE, seed, done, what, i, diff, evidence, causes)
     return None
 
 
@@ -166,5 +170,5 @@ def check_padding_content(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckRes
                     if seq2seq:
                         inputs.update(source=src, changed_source=new_src)
                     causes = UNDER_CAUSAL_PAD_CAUSES if what == UNDER_PAD else WIDTH_CAUSES
-                    return _fail(CONTENT, seed, done, f"{what}, row {i} {shown(row)}", i, diff, inputs, causes)
+                    return _fail(mut, CONTENT, seed, done, f"{what}, row {i} {shown(row)}", i, diff, inputs, causes)
     return tally.verdict(CONTENT, tol, len(seeds), "what sits under the padding changes nothing real")
