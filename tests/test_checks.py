@@ -236,6 +236,9 @@ def test_an_exception_names_the_input_that_raised_it():
     (lambda ids: torch.zeros(3, 7), r"the checks cannot use the model's output: the output has shape \(3, 7\), but "
                                     r"the batch has 2 rows \(ids of shape \(2, 2\) with row lengths 2, 2\)"),
     (lambda ids: "logits", "the checks cannot use the model's output: the model returned str; expected a tensor"),
+    (lambda ids: torch.polar(torch.ones(*ids.shape, 4), ids[..., None].float()),  # the imaginary part was dropped
+     r"the output is complex \(torch.complex64\); the checks compare real numbers"),
+    (lambda ids: torch.zeros(*ids.shape, 0), r"the output has shape \(2, 2, 0\): it holds no values"),  # passed all
 ])
 def test_an_output_no_check_can_use_is_one_error_not_a_failure_in_every_check(model, message):
     with pytest.raises(AttnlabError, match=message):

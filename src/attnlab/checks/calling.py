@@ -161,6 +161,11 @@ class ModelUnderTest:
         if out.dim() == 0 or out.shape[0] != rows:
             raise OutputError(f"the output has shape {tuple(out.shape)}, but the batch has {rows} "
                               f"row{'s' if rows != 1 else ''}")
+        if out.is_complex():  # comparing it as real numbers would drop the imaginary part unseen
+            raise OutputError(f"the output is complex ({out.dtype}); the checks compare real numbers: return its real "
+                              "and imaginary parts side by side (torch.view_as_real)")
+        if out.numel() == 0:  # every comparison of nothing would pass
+            raise OutputError(f"the output has shape {tuple(out.shape)}: it holds no values to compare")
         return out.detach().cpu()
 
     @contextmanager
