@@ -134,6 +134,26 @@ def test_predict_arguments_and_stdin(trained):
     assert gap.exit_code == 2 and gap.stdout == "" and "line 2 of 3 is empty" in gap.stderr
 
 
+def test_eval_shows_labels_as_written_in_its_table_and_figure(trained, tmp_path):
+    """Labels with rich markup ([/] raised MarkupError, [red] vanished) or matplotlib mathtext ($10_$20 raised,
+    $10-$20 was drawn as a formula) are user text; a thousand unseen labels share rows of the figure."""
+    root, _ = trained
+    test = write_tickets(tmp_path / "test.csv", 20, seed=1)
+    with open(test, "a", encoding="utf-8") as f:
+        f.write("top up please,top_up_$10_$20\nwhere is it,[/]\nmy card,[red]\n")
+    result = run("eval", "classify", root / "run", "--data", test, "--confusion", tmp_path / "cm.png")
+    assert result.exit_code == 0, result.output
+    assert "top_up_$10_$20" in result.output and "[red]" in result.output and "[/]" in result.output
+    import matplotlib.image
+
+    from attnlab.tasks.classify_eval import UNSEEN_ROWS, draw_confusion
+
+    truth = [f"unseen {i}" for i in range(1000)] + ["refund"]
+    draw_confusion(truth, ["refund"] * len(truth), ["refund", "payment"], tmp_path / "many.png")
+    height = matplotlib.image.imread(tmp_path / "many.png").shape[0]
+    assert UNSEEN_ROWS == 30 and height < 6000, height  # 1,002 rows drew 100,000 pixels
+
+
 def test_predict_escapes_labels_as_it_escapes_texts(tmp_path):
     rows = [{"text": f"good fine {i}" if i % 2 else f"bad poor {i}", "label": "tab\there" if i % 2 else "new\nline"}
             for i in range(40)]

@@ -21,5 +21,10 @@ class _Console(Console):
 
 
 def console(**kwargs: Any) -> Console:
-    """A rich console on stdout (or stderr with ``stderr=True``) for a command's output."""
-    return _Console(**kwargs)
+    """A rich console on stdout (or stderr with ``stderr=True``) for a command's output.
+
+    Console markup is off: what the commands print holds the user's own strings (labels, file names, texts and
+    the samples written from them), where ``[red]`` or ``[/]`` is text, not a style (it vanished, or raised
+    ``MarkupError``). Styles are given as :class:`rich.text.Text` instead.
+    """
+    return _Console(**{"markup": False, **kwargs})

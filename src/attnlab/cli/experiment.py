@@ -37,6 +37,7 @@ def leak(text: Path, out: Path, steps: int | None, sample_tokens: int, progress:
 
     The settings, the text and --out are checked before anything is written: a refused run leaves no folder."""
     from rich.table import Table
+    from rich.text import Text
 
     from attnlab.cli import omp_wait  # noqa: F401  (before torch is imported)
     from attnlab.cli.console import console as stdout_console
@@ -65,13 +66,13 @@ def leak(text: Path, out: Path, steps: int | None, sample_tokens: int, progress:
     for row in result.rows:
         style = "bold red" if row.check_status == "fail" else "green"
         table.add_row(row.name, f"{row.val_loss:.3f}", f"{row.same_windows_teacher_forced:.3f}",
-                      f"{row.future_absent:.3f}", f"[{style}]{row.check_status.upper()}[/]", repr(row.sample[:24]) + "...")
+                      f"{row.future_absent:.3f}", Text(row.check_status.upper(), style=style), repr(row.sample[:24]) + "...")
     console.print(table)
     console.print(f"prompt: {result.prompt!r}; each model's first {sample_tokens} free-running tokens (seed 0, no cache):")
     for row in result.rows:
-        console.print(f"[bold]{row.name}[/]: {row.sample!r}", soft_wrap=True)
+        console.print(Text.assemble((row.name, "bold"), f": {row.sample!r}"), soft_wrap=True)
     for row in result.rows:
-        console.print(f"check of the [bold]{row.name}[/] model: {row.check_summary}")
+        console.print(Text.assemble("check of the ", (row.name, "bold"), f" model: {row.check_summary}"))
         console.print(f"  reproduce: {result.commands[row.name]}", soft_wrap=True)
     console.print("verdict: " + ", ".join(f"{k.replace('_', ' ')}: {'yes' if v else 'NO'}" for k, v in verdict.items()))
     console.print(f"plot: {result.out / 'leak.png'} | numbers: {result.out / 'leak.json'}")

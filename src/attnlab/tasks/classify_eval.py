@@ -75,11 +75,17 @@ def evaluate_table(clf: Classifier, table: Table) -> tuple[Evaluation, list[str]
     return evaluation, truth, predicted
 
 
+#: The most unseen labels (true labels of the data that the run was not trained on) given a row of their own.
+UNSEEN_ROWS = 30
+
+
 def draw_confusion(truth: list[str], predicted: list[str], labels: list[str], path: str | Path) -> Path:
     """Confusion matrix as a PNG: rows are true labels (training labels, then unseen ones), columns predictions.
 
     Cells show the share of each true label's rows (so rare classes are as visible as common ones);
-    with at most 20 classes the counts are written in the cells.
+    with at most 20 classes the counts are written in the cells. Past :data:`UNSEEN_ROWS` unseen labels, the
+    rarest share one row (a thousand of them drew a figure 100,000 pixels tall). Labels are drawn as written:
+    matplotlib's mathtext is off (``$10-$20`` was drawn as a formula, or raised).
     """
     import matplotlib
 
@@ -87,19 +93,26 @@ def draw_confusion(truth: list[str], predicted: list[str], labels: list[str], pa
     import matplotlib.pyplot as plt
     import numpy as np
 
-    rows = labels + sorted(set(truth) - set(labels))
+    frequency = Counter(truth)
+    unseen = sorted(set(truth) - set(labels), key=lambda lab: (-frequency[lab], lab))  # the most frequent first
+    rows = labels + sorted(unseen[:UNSEEN_ROWS])
     row_of, col_of = {lab: i for i, lab in enumerate(rows)}, {lab: i for i, lab in enumerate(labels)}
+    if len(unseen) > UNSEEN_ROWS:
+        rest = f"({len(unseen) - UNSEEN_ROWS} other labels not seen in training)"
+        row_of |= {lab: len(rows) for lab in unseen[UNSEEN_ROWS:]}
+        rows.append(rest)
     counts = np.zeros((len(rows), len(labels)), dtype=np.int64)
     for t, p in zip(truth, predicted):
         counts[row_of[t], col_of[p]] += 1
     shares = counts / np.maximum(counts.sum(1, keepdims=True), 1)
     size = min(4 + 0.18 * len(labels), 24)
-    fig, ax = plt.subplots(figsize=(size + 1.5, size * len(rows) / len(labels) + 1))
+    extra_height = min(size / len(labels), 0.3) * (len(rows) - len(labels))  # the unseen labels' rows, inches
+    fig, ax = plt.subplots(figsize=(size + 1.5, size + extra_height + 1))
     image = ax.imshow(shares, cmap="Blues", vmin=0, vmax=1, aspect="auto", interpolation="nearest")
     font = 8 if len(labels) <= 30 else 5
     # (a tab or line break in a label is written \t, \n: fonts have no glyph for them)
-    ax.set_xticks(range(len(labels)), [one_line(lab) for lab in labels], rotation=90, fontsize=font)
-    ax.set_yticks(range(len(rows)), [one_line(lab) for lab in rows], fontsize=font)
+    ax.set_xticks(range(len(labels)), [one_line(lab) for lab in labels], rotation=90, fontsize=font, parse_math=False)
+    ax.set_yticks(range(len(rows)), [one_line(lab) for lab in rows], fontsize=font, parse_math=False)
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     if len(labels) <= 20:
