@@ -286,6 +286,7 @@ def test_a_glove_file_without_the_compared_pair_is_refused(tmp_path):
 
 @pytest.mark.parametrize("content, fragment", [
     ("king 0.1 0.2 0.3\nqueen 0.1 0.2\n", "2 values after 'queen'"),
+    ("king 0.1 0.2 0.3\nqueen 0.1 0.2 0.3 0.4\n", "4 values after 'queen'"),  # not a word holding spaces
     ("king 0.1 0.2 0.3\nqueen 0.1 zero 0.3\n", "not all numbers"),
     ("king some words\nqueen more words\n", "not all numbers"),
     ("lonely\n", "no numbers"),
@@ -313,6 +314,17 @@ def test_a_vector_that_is_not_finite_is_refused_by_line(tmp_path, value):
     result = run_cli("--out", str(tmp_path / "r"), "--glove", str(path), "--max-length", str(LENGTH))
     assert_one_line_error(result, f"bad.txt:{row + 1}: the vector for 'red' holds a value that is not finite")
     assert_no_report(tmp_path)
+
+
+def test_a_glove_word_holding_spaces_keeps_its_vector_and_its_neighbours_theirs(tmp_path):
+    """glove.840B.300d holds words with spaces ('. . .', 'at name@domain.com'): the vector is a line's last
+    `width` fields (the whole file was refused)."""
+    path = tmp_path / "glove.mini.3d.txt"
+    path.write_text(". . . 0.1 0.2 0.3\nking 1 2 3\nat name@domain.com 4 5 6\nqueen 7 8 9\n", encoding="utf-8")
+    vectors = load_text(path, ["king", "queen", ". . .", "at name@domain.com"])
+    assert vectors.dim == 3 and vectors.total_words == 4
+    assert {w: v.tolist() for w, v in vectors.vectors.items()} == {
+        ". . .": pytest.approx([0.1, 0.2, 0.3]), "king": [1, 2, 3], "at name@domain.com": [4, 5, 6], "queen": [7, 8, 9]}
 
 
 def test_a_failed_run_removes_the_folders_it_made_for_the_report(tmp_path):

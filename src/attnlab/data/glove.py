@@ -125,11 +125,30 @@ def _floats(fields: list[str]) -> np.ndarray:
         return np.array(fields, dtype=np.float32)
 
 
+def _holds_spaces(line: str, width: int) -> bool:
+    """Whether a line of more than ``width`` fields is a word holding spaces (glove.840B.300d has ``. . .`` and
+    ``at name@domain.com``), not a vector too long: no field of the word is a number."""
+    for field in _word_and_values(line, width)[0].split()[1:]:
+        try:
+            float(field)
+        except ValueError:
+            continue
+        return False
+    return True
+
+
+def _word_and_values(line: str, width: int) -> tuple[str, str]:
+    """A line's word, which may hold spaces, and its last ``width`` fields (the vector), joined by spaces."""
+    parts = line.rsplit(None, width)
+    return parts[0], " ".join(parts[1:])
+
+
 def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) -> WordVectors:
     """Stream a GloVe text file and keep the vectors of ``words``.
 
     Every line must be a word and the same number of values; a first line of two integers (the
-    word2vec text header, ``count width``) is skipped.
+    word2vec text header, ``count width``) is skipped. A word may hold spaces (glove.840B.300d's ``. . .``):
+    a line's last ``width`` fields are its vector.
 
     Raises:
         AttnlabError: missing or unreadable file, not UTF-8 text, lines of different widths, values
@@ -157,6 +176,9 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
                     fields = rest.split()
                     if lineno == 1 and len(fields) == 1 and word.isdigit() and fields[0].isdigit():
                         continue  # word2vec-style "count width" header
+                    if requested is not None and len(fields) > requested and _holds_spaces(line, requested):
+                        word, rest = _word_and_values(line, requested)
+                        fields = rest.split()
                     width = len(fields)
                     if width == 0:
                         raise AttnlabError(f"{path}:{lineno}: no numbers after the word {word[:40]!r}; "
@@ -173,6 +195,9 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
                 n = rest.count(" ") + 1 if rest else 0
                 if n != width:
                     n = len(rest.split())
+                    if n > width and _holds_spaces(line, width):
+                        word, rest = _word_and_values(line, width)
+                        n = width
                     if n != width:
                         raise AttnlabError(f"{path}:{lineno}: {n} values after {word[:40]!r}, but the file's "
                                            f"first vector has {width}; not a consistent GloVe file")
