@@ -58,6 +58,22 @@ def test_interrupted_run_resumes_to_identical_weights(tmp_path):
     assert (tmp_path / "b/loss.png").stat().st_size > 1000
 
 
+def test_a_resume_on_another_thread_count_says_its_results_will_differ_in_the_last_bits(tmp_path, capsys):
+    from attnlab.training.engine import torch_threads
+
+    with torch_threads(1):
+        with pytest.raises(KeyboardInterrupt):
+            train(tmp_path / "b", fail_at_batch=11)
+        assert json.loads((tmp_path / "b/checkpoint/trainer.json").read_text())["trainer"]["threads"] == 1
+        capsys.readouterr()
+        train(tmp_path / "b", resume=True, steps=13)  # the same count: nothing to say
+        assert "torch thread" not in capsys.readouterr().err
+    with torch_threads(2):
+        train(tmp_path / "b", resume=True, steps=14)
+    assert ("note: the checkpoint was saved by a process of 1 torch thread, this one has 2 (--threads)"
+            in capsys.readouterr().err)
+
+
 def test_gradient_accumulation_gives_the_gradient_of_one_big_batch(tmp_path):
     def gradients(batch_size, accum):
         seed_everything(0)

@@ -299,6 +299,7 @@ class Trainer:
         rng_states = distributed.all_gather(rng_state(), self.place)  # each process's stream, for an exact resume
         if self.place.is_main:
             self.state["world"] = self.place.world
+            self.state["threads"] = torch.get_num_threads()
             save_checkpoint(self.out, self.model, self.optimizer, self.state, averaged=self.averaged,
                             rng_states=rng_states)
         self.checkpoint_step = self.state["step"]
@@ -326,6 +327,12 @@ class Trainer:
                   f"has {self.place.world}: each global batch is split otherwise and the random streams of processes "
                   "past the first start again from the first's, so the run goes on validly but not as the "
                   "uninterrupted one would have", file=sys.stderr)
+        saved_threads = self.state.get("threads")  # None: written before checkpoints recorded it
+        if self.place.is_main and saved_threads is not None and saved_threads != torch.get_num_threads():
+            print(f"note: the checkpoint was saved by a process of {saved_threads} torch thread"
+                  f"{'s' if saved_threads > 1 else ''}, this one has {torch.get_num_threads()} (--threads): kernels "
+                  "split their sums otherwise, so the run goes on validly but its results differ in the last bits "
+                  "from the uninterrupted one's (give --threads to match)", file=sys.stderr)
         if math.isfinite(self.state["best_score"]) and not (self.out / WEIGHTS).is_file():
             # Deleted since: without this, no later evaluation below the lost best would write them again, and
             # the run would end without the weights every command loads.
