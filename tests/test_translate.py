@@ -378,7 +378,7 @@ def test_the_model_trained_beside_a_reused_run_of_separate_vocabularies_keeps_it
     assert leaky["share_embeddings"] is False and "| leaky | no |" in result.stdout
 
 
-def test_overlong_source_is_truncated_with_a_warning(toy):
+def test_overlong_source_is_truncated_with_a_warning(toy, monkeypatch):
     words = list(LEXICON) * 4  # 32 words, 33 positions with eos: the table has 16
     result = run_cli("translate", toy["run"], " ".join(words), "--beam", "1")
     assert "warning: 1 source line longer than the model's 16 source positions was truncated" in result.stderr
@@ -386,6 +386,9 @@ def test_overlong_source_is_truncated_with_a_warning(toy):
     with pytest.warns(UserWarning, match="truncated"):
         ids = load_translator(toy["run"]).encode_sources([" ".join(words)])
     assert len(ids[0]) == 16 and ids[0][-1] == EOS_ID
+    monkeypatch.setenv("RANK", "1")  # under torchrun, the processes past the first say nothing rank 0 says too
+    quiet = run_cli("translate", toy["run"], " ".join(words), "--beam", "1")
+    assert quiet.stdout == result.stdout and "warning" not in quiet.stderr
 
 
 def test_a_long_validation_source_is_warned_about_once_by_training_and_by_the_teacher_forcing_table(toy, tmp_path):

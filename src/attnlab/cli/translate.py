@@ -18,9 +18,15 @@ from attnlab.errors import AttnlabError
 @contextlib.contextmanager
 def report_warnings() -> Iterator[None]:
     """Show Python warnings raised inside as one ``warning: ...`` line each on stderr (no source lines), when
-    they are raised: a training run's warning about its data comes before its hour of training, not after."""
+    they are raised: a training run's warning about its data comes before its hour of training, not after.
+    Under torchrun rank 0 alone shows them: every process reads the same data and would warn alike."""
     def show(message: Warning | str, *_: object, **__: object) -> None:
         from tqdm import tqdm
+
+        from attnlab.training.distributed import is_main_process
+
+        if not is_main_process():
+            return
 
         # through tqdm: a bar on the terminal (translation's, training's) is cleared, the line written, the bar
         # drawn again below it; with no bar this is a plain line on stderr
