@@ -134,6 +134,9 @@ def test_an_output_that_would_replace_an_input_or_a_run_file_is_refused_before_a
         (["attention", run, "ka", "--out", run / "checkpoint" / "x.png"], "is a file of the run"),
         (["attention", run, "ka", "--out", run / "loss.png"], "is a file of the run"),  # only training draws it
         (evaluate + ["-"], "error: --hyp-out names a file; - (standard output) is not one here"),
+        # a folder, said before the decoding (it was said after all of it)
+        (evaluate + [tmp_path], f"error: --hyp-out {tmp_path} is a folder; give a file name to write"),
+        (["translate", run, "--input", src, "--output", tmp_path], f"error: --output {tmp_path} is a folder"),
     ]
     for args, said in cases:
         result = CliRunner().invoke(cli, [str(a) for a in args])

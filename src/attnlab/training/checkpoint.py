@@ -81,7 +81,7 @@ def refuse_overwriting(path: str | Path, option: str, *, run: str | Path,
     """Refuse ``path`` as the output of ``option`` when writing it would destroy what the command or the run
     needs: a file the command reads (``reads``: (option, path) pairs; ``-`` is standard input) or a file that
     the run folder ``run`` holds for itself (its settings, weights, tokenizers, metrics, loss plot, checkpoint),
-    or ``-``, which the commands that write a file do not take for standard output.
+    or ``-``, which the commands that write a file do not take for standard output, or a folder.
 
     Raises:
         AttnlabError: naming the option and what the file is.
@@ -89,6 +89,8 @@ def refuse_overwriting(path: str | Path, option: str, *, run: str | Path,
     out = Path(path)
     if str(out) == "-":
         raise AttnlabError(f"{option} names a file; - (standard output) is not one here")
+    if out.is_dir():  # said before the work, not when its result is written
+        raise AttnlabError(f"{option} {out} is a folder; give a file name to write")
     for name, source in reads:
         if source is None or str(source) == "-" or not out.exists() or not Path(source).exists():
             continue
