@@ -142,11 +142,17 @@ def test_one_outlying_feature_widens_only_its_own_bound():
     moved[:, 0] = -math.inf
     diff = difference(logits, moved)
     assert diff.finite and not diff.same and diff.positions == [[1]]
-    probs = torch.full((2, 100_000), 1e-5)
-    assert not difference(probs, probs * (1 + 0.5)).same  # a change of 5e-6, far above rounding at this scale
-    assert difference(probs, probs * (1 + 1e-6)).same
     pooled = torch.tensor([1e9, 1.0, 2.0, 3.0])  # position_dims=0: each entry is its own feature
     assert not difference(pooled, pooled + torch.tensor([0.0, 0.01, 0.0, 0.0]), position_dims=0).same
+    score = torch.tensor([-3e-4])  # a pooled score near 0 carries the rounding of its larger terms: the floor stays
+    assert difference(score, score + 7.7e-8, position_dims=0).same
+    per_position = torch.tensor([10.0, 0.001])  # one value a position: one feature, scaled across the positions
+    assert difference(per_position, torch.tensor([10.0, 0.0012])).same
+    assert difference(per_position, torch.tensor([10.0, 0.0012])) == difference(per_position[:, None],
+                                                                               torch.tensor([[10.0], [0.0012]]))
+    assert difference(torch.zeros(0, 3), torch.zeros(0, 3)).max_diff == 0  # no positions: nothing differs
+    wide = torch.tensor([[1.0, -1e4]])
+    assert TOLERANCE.bound(wide, wide) == pytest.approx(1e-5 + 1e-4 * 1e4)  # the widest entry's bound
 
 
 def test_a_leak_shows_past_an_outlying_or_infinite_pad_logit_and_a_correct_model_still_passes():
@@ -753,6 +759,13 @@ def test_a_failed_padding_check_names_the_mask_parameter_the_checks_never_pass()
     plain = run_checks(inner, Contract("encoder"), seeds=1, only=["padding-invariance"]).results[0]
     assert plain.status == "fail" and "never pass" not in plain.summary
 
+    class Flags(nn.Module):  # flags and masks of another kind are no padding mask
+        def forward(self, ids, mask_future=False, mask_token_id=4, head_mask=None, encoder_attention_mask=None):
+            return inner(ids)
+
+    flags = run_checks(Flags(), Contract("encoder"), seeds=1, only=["padding-invariance"]).results[0]
+    assert flags.status == "fail" and "never pass" not in flags.summary
+
 
 def test_a_frozen_torchscript_model_is_checked_and_meta_weights_are_one_error():
     import warnings
@@ -874,6 +887,8 @@ def test_a_model_of_another_kind_is_told_to_check_its_kind():
                                            r"Transformer.forward\(\) missing 1 required positional argument: 'tgt'; "
                                            r"is --kind right\?$"):
         run_checks(seq2seq, Contract("decoder", vocab_size=20), seeds=1, only=["causal"])
+    with pytest.raises(AttnlabError, match=r"missing 1 required positional argument: 'tgt'; is --kind right\?$"):
+        run_checks(nn.DataParallel(seq2seq), Contract("decoder", vocab_size=20), seeds=1)  # torch's wrappers pass it on
     lm = DecoderLM(20, 8, 1, 2).eval()
     with pytest.raises(AttnlabError, match=r"cannot be called as a seq2seq is, model\(src, tgt\)"):
         run_checks(lm, Contract("seq2seq", vocab_size=20), seeds=1, only=["causal"])

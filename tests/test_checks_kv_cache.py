@@ -299,3 +299,16 @@ def test_a_hugging_face_decoder_whose_generation_inputs_restart_positions_fails_
     torch.manual_seed(0)
     right = kv_cache(transformers.LlamaForCausalLM(config).eval(), seeds=1, pad_id=None)
     assert right.status == "pass" and "greedy generate too" in right.summary
+
+
+def test_a_decoder_editing_its_ids_in_place_leaves_the_kv_cache_checks_inputs_as_drawn():
+    class Remaps(DecoderLM):  # remaps id 3 in place (its own business); its cached path is off by 0.01 (a bug)
+        def forward(self, ids, *, caches=None, return_attention=False):
+            ids[ids == 3] = 4
+            out = super().forward(ids, caches=caches)
+            return out + 0.01 if caches is not None else out
+
+    torch.manual_seed(0)
+    result = run_checks(Remaps(20, 8, 1, 2).eval(), Contract("decoder", vocab_size=20, pad_id=None), seeds=1,
+                        only=["kv-cache"]).results[0]
+    assert result.status == "fail" and 3 in list(result.evidence["input"])  # it showed the remapped 4s

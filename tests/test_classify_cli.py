@@ -336,10 +336,11 @@ def test_bad_run_folders_are_one_line_and_exit_2(trained, tmp_path):
         run("train", "classify", "--train", other, "--out", out, *SMALL, "--resume"))
     # A finished run given more steps goes on, its schedule re-planned (as train lm and train translate do).
     resumed = run("train", "classify", "--train", train, "--out", out, *SMALL, "--steps", "7", "--lr", "1e-2",
-                  "--resume")
+                  "--threads", "2", "--resume")
     assert resumed.exit_code == 0, resumed.output
     assert "resume: the run now ends at step 7 instead of 2; its learning-rate schedule is re-planned" in resumed.output
     assert "ignored: lr=0.01 (the run has 0.003)" in resumed.output and "steps=" not in resumed.output
+    assert "threads=" not in resumed.output  # a resume may set the thread count
     assert json.loads((out / "result.json").read_text())["steps"] == 7
     saved = json.loads((out / "config.json").read_text())
     assert saved["train"]["max_steps"] == 7 and saved["classify"]["steps"] == 7
@@ -546,6 +547,12 @@ def test_check_names_a_runs_own_pad_id_outside_its_vocabulary_as_the_runs(traine
     assert result.exit_code == 2 and result.stderr.startswith("error: the run's config.json gives pad_id 1000000, "
                                                               "outside its vocabulary"), result.stderr
     assert "--pad-id" in result.stderr and "Invalid value" not in result.stderr
+    for value in ("0", True, 1.5):  # of another type: it ended in a TypeError
+        config["model"]["kwargs"]["pad_id"] = value
+        (damaged / "config.json").write_text(json.dumps(config))
+        result = run("check", damaged)
+        assert result.exit_code == 2 and result.stderr == (f"error: the run's config.json gives pad_id {value!r}, not "
+                                                           "a whole number\n"), result.stderr
 
 
 def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_run_behind(tmp_path):

@@ -325,6 +325,9 @@ def test_a_glove_word_holding_spaces_keeps_its_vector_and_its_neighbours_theirs(
     assert vectors.dim == 3 and vectors.total_words == 4
     assert {w: v.tolist() for w, v in vectors.vectors.items()} == {
         ". . .": pytest.approx([0.1, 0.2, 0.3]), "king": [1, 2, 3], "at name@domain.com": [4, 5, 6], "queen": [7, 8, 9]}
+    unnamed = tmp_path / "vectors.txt"  # first, with no width in the name: the line's trailing numbers are its vector
+    unnamed.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    assert load_text(unnamed, [". . ."]).vectors[". . ."].tolist() == pytest.approx([0.1, 0.2, 0.3])
 
 
 def test_a_failed_run_removes_the_folders_it_made_for_the_report(tmp_path):

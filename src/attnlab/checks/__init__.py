@@ -21,8 +21,8 @@ check                  what must hold                                           
 The model is called with torch's inference fast path switched off, so that it computes what training
 computes: the fast path reads masks differently and can hide a leak (see :mod:`attnlab.checks.inference`).
 
-Outputs agree within :data:`~attnlab.checks.compare.TOLERANCE` (each entry within ``1e-5 x min(1,
-max|output|) + 1e-4 x`` its feature's largest magnitude; for ``inference-path`` at least four machine epsilons
+Outputs agree within :data:`~attnlab.checks.compare.TOLERANCE` (each entry within ``1e-5 + 1e-4 x``
+its feature's largest magnitude; for ``inference-path`` at least four machine epsilons
 of a half-precision output, relative); entries non-finite alike on both sides are left out, a comparison with
 one non-finite on one side only decides nothing, and a check left with none skips.
 

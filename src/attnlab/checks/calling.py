@@ -266,7 +266,14 @@ def unpassed_mask_parameters(model: Any) -> list[str]:
         return []
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return [p.name for p in signature.parameters.values()
-            if "mask" in p.name.lower() and p.kind in kinds and p.default is not inspect.Parameter.empty]
+            if p.kind in kinds and p.default is not inspect.Parameter.empty and _names_a_padding_mask(p.name)]
+
+
+def _names_a_padding_mask(name: str) -> bool:
+    """``attention_mask``, ``src_key_padding_mask``, ``mask``: not a flag (``mask_future``), a head mask or a
+    cross-attention's (``encoder_attention_mask``), which a model of one sequence is never given either."""
+    name = name.lower()
+    return name.endswith("mask") and "head_mask" not in name and not name.startswith(("encoder_", "memory_", "cross"))
 
 
 @contextmanager

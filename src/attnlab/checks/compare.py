@@ -1,14 +1,15 @@
 """When two outputs count as the same: one tolerance for every check.
 
 Two outputs ``a`` and ``b`` agree when every entry's difference is within its bound,
-``|a - b| <= atol * min(1, top) + rtol * scale``. The bound is relative because logits and hidden states
-come at any scale, and its scale is the entry's **feature's**: the largest finite magnitude that feature
-(an entry of the last axes: a vocabulary logit, a hidden unit) takes at any position on either side, and at
-least the median of those maxima over the features. One outlying feature therefore widens only its own
-bound: a pad logit masked to -1e4 or -1e9, or a hidden unit of massive activations, would otherwise make
-every other difference look like rounding (a leaking decoder passed). The absolute floor ``atol`` shrinks
-with ``top``, the largest finite magnitude of all, so that outputs that are small everywhere
-(probabilities over a large vocabulary) are judged at their own scale.
+``|a - b| <= atol + rtol * scale``. The bound is relative because logits and hidden states come at any
+scale, and its scale is the entry's **feature's**: the largest finite magnitude that feature (an entry of the
+axes after the positions: a vocabulary logit, a hidden unit; an output of one value per position is one
+feature) takes at any position on either side, and at least the median of those maxima over the features.
+One outlying feature therefore widens only its own bound: a pad logit masked to -1e4 or -1e9, or a hidden
+unit of massive activations, would otherwise make every other difference look like rounding (a leaking
+decoder passed). The absolute floor ``atol`` stays: an output near 0 still carries the rounding of the
+larger terms it was computed from (a pooled score of -3e-4 moved by 8e-8). Outputs below it everywhere
+(probabilities over a vocabulary of 100,000) are judged by it alone: check their logits instead.
 
 The bound is loose enough for what float32 kernels do differently on a batch of another size or width
 (about 1e-7 relative) and some hundred times tighter than the smallest effect of any bug the mutation suite
@@ -41,7 +42,7 @@ EPS_FACTOR = 4
 
 @dataclass(frozen=True)
 class Tolerance:
-    """``atol * min(1, top) + rtol * scale`` per entry: see the module docstring."""
+    """``atol + rtol * scale`` per entry: see the module docstring."""
 
     atol: float = 1e-5
     rtol: float = 1e-4
@@ -53,18 +54,23 @@ class Tolerance:
             a, b: outputs of equal shape (float64), ``position_dims`` leading axes of positions, then features.
             judged: where both are finite (the magnitudes of the other entries count as 0).
         """
-        size = a.shape[:position_dims].numel() if position_dims and a.dim() > position_dims else 1
-        magnitude = torch.where(judged, torch.maximum(a.abs(), b.abs()), 0.0).reshape(size, -1)  # (positions, features)
-        if magnitude.numel() == 0:
+        if a.numel() == 0:
             return torch.zeros_like(a)
+        size = a.shape[:position_dims].numel() if position_dims else 1
+        magnitude = torch.where(judged, torch.maximum(a.abs(), b.abs()), 0.0).reshape(size, -1)  # (positions, features)
         feature = magnitude.amax(0)  # (features,)
         scale = torch.maximum(feature, feature.median())
-        top = float(feature.max())
-        return (self.atol * min(1.0, top) + self.rtol * scale).expand_as(magnitude).reshape(a.shape)
+        return (self.atol + self.rtol * scale).expand_as(magnitude).reshape(a.shape)
+
+    def bound(self, a: Tensor, b: Tensor, *, position_dims: int = 1) -> float:
+        """The largest of the entries' bounds for ``a`` against ``b`` (see :meth:`bounds`)."""
+        a, b = a.detach().double(), b.detach().double()
+        judged = torch.isfinite(a) & torch.isfinite(b)
+        return float(self.bounds(a, b, judged, position_dims=position_dims).max()) if a.numel() else self.atol
 
     def describe(self) -> str:
-        return (f"|difference| <= {self.atol:g} x min(1, max|output|) + {self.rtol:g} x max|that output feature| "
-                "(at least the features' median)")
+        return (f"|difference| <= {self.atol:g} + {self.rtol:g} x max|that output feature| (at least the features' "
+                "median)")
 
     def for_kernels(self, dtype: torch.dtype) -> Tolerance:
         """This tolerance for comparing two *kernels* on outputs of ``dtype``: in bfloat16 (eps 2^-7) or float16

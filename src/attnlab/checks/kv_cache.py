@@ -162,9 +162,9 @@ def _generate_differs(mut: ModelUnderTest, inner: Any, ids: Tensor, prompt: int,
     through the model's own ``prepare_inputs_for_generation``, which the cached forward calls above do not take.
     The first step whose logits differ while both runs had chosen the same tokens so far, as evidence; else None."""
     new = ids.shape[1] - prompt
-    start = ids[:, :prompt].to(mut.device)
-    cached, cached_tokens = _generated(mut, inner, start, new, cache=True)
-    full, full_tokens = _generated(mut, inner, start, new, cache=False)
+    start = ids[:, :prompt]  # (copied for each call: a model may edit its ids in place)
+    cached, cached_tokens = _generated(mut, inner, start.to(mut.device, copy=True), new, cache=True)
+    full, full_tokens = _generated(mut, inner, start.to(mut.device, copy=True), new, cache=False)
     # generate hands back float32 logits whatever the model computes in: the tolerance is the model's precision's
     precision = next((p.dtype for p in inner.parameters() if p.is_floating_point()), full.dtype)
     for row in range(ids.shape[0]):
@@ -244,11 +244,11 @@ def _chunks(gen: torch.Generator, width: int, singles: bool) -> list[int]:
 def _cached(mut: ModelUnderTest, start: Start, ids: Tensor, src: Tensor | None, sizes: list[int]) -> Tensor:
     """(batch, width) outputs of feeding ``ids`` through the cache in chunks of ``sizes``."""
     device = mut.device
-    step = start(None if src is None else src.to(device))
+    step = start(None if src is None else src.to(device, copy=True))
     outputs, fed = [], 0
     for size in sizes:
         chunk = ids[:, fed:fed + size]
-        out = mut.invoke(lambda chunk=chunk: step(chunk.to(device)), rows=ids.shape[0])
+        out = mut.invoke(lambda chunk=chunk: step(chunk.to(device, copy=True)), rows=ids.shape[0])
         if out.dim() < 2 or out.shape[1] != size:
             raise OutputError(f"fed {size} new position(s) through the cache, the model returned shape "
                               f"{tuple(out.shape)}: a cached call must return one output per new position")

@@ -33,7 +33,9 @@ NAME = "order-sensitivity"
 
 
 def _last(mut: ModelUnderTest, out: Tensor) -> Tensor:
-    return out[0, -1] if mut.per_position else out[0]
+    """The first row's last position, (1, ...) (a position axis kept: its features are compared as features), or
+    its pooled output."""
+    return out[0, -1:] if mut.per_position else out[0]
 
 
 def _prefix_reordered(gen: torch.Generator, x: Tensor) -> Tensor:

@@ -70,7 +70,8 @@ def _fail(mut: ModelUnderTest, name: str, seed: int, done: int, what: str, row: 
     unpassed = unpassed_mask_parameters(mut.model)
     if unpassed:  # the most likely cause of all: the mask is the caller's job and the checks never give it
         summary += (f"; note: the model takes {', '.join(unpassed)}, which the checks never pass (they call "
-                    "model(ids)): wrap it in HFAdapter, or in a function that builds the mask from the ids")
+                    "model(ids)): check a function that builds the mask from the ids and passes it (HFAdapter does "
+                    "so for a Hugging Face model)")
     return CheckResult(name, "fail", summary, TOLERANCE.describe(), done, evidence)
 
 

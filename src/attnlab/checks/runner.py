@@ -105,9 +105,10 @@ def _refuse_uncallable(mut: ModelUnderTest) -> None:
 
 def _call_mismatch(err: BaseException) -> bool:
     """Whether ``err`` is Python refusing the call's arguments at the model's door, not a TypeError from inside
-    it: the message says so and the innermost frame is the caller's (attnlab's), or torch's ``Module.__call__``
-    entered from the caller's. A submodule called with the wrong arguments inside the model (a mask passed
-    positionally to an ``nn.Sequential``) is the model's own bug: its frames lie between the two."""
+    it: the message says so, and below the checks' own call every frame is torch's (``Module.__call__``, and
+    wrappers that pass the call on: ``DataParallel``, ``torch.compile``'s module), or there is none. A submodule
+    called with the wrong arguments inside the model (a mask passed positionally to an ``nn.Sequential``) is the
+    model's own bug: the model's frames lie between."""
     if not (isinstance(err, TypeError) and _WRONG_ARITY.search(str(err))):
         return False
     codes = []
@@ -115,14 +116,14 @@ def _call_mismatch(err: BaseException) -> bool:
     while tb is not None:
         codes.append(tb.tb_frame.f_code)
         tb = tb.tb_next
-    while codes and codes[-1].co_filename.endswith(TORCH_MODULE_CALL):  # Module.__call__ and the calls it makes
+    while codes and Path(codes[-1].co_filename).resolve().is_relative_to(TORCH_PACKAGE):
         codes.pop()
     call = ModelUnderTest.__call__.__code__  # the model is called from lambdas defined in it
     return bool(codes) and (codes[-1] is call or codes[-1] in call.co_consts)
 
 
-#: Where ``nn.Module.__call__`` binds ``forward``'s arguments.
-TORCH_MODULE_CALL = str(Path("torch", "nn", "modules", "module.py"))
+#: torch's own source files: frames there pass a call on to the model.
+TORCH_PACKAGE = Path(torch.__file__).resolve().parent
 
 
 def _stopped(name: str, mut: ModelUnderTest, what: str, evidence: dict[str, Any]) -> CheckResult:

@@ -81,7 +81,11 @@ def run_contract(config: dict) -> dict:
     except (KeyError, TypeError, AttributeError) as err:  # a config.json edited by hand, or from elsewhere
         raise AttnlabError(f"the run's {CONFIG} does not give the model's vocabulary and length "
                            f"({type(err).__name__}: {err})") from err
-    return {"kind": kinds[task], "pad_id": kwargs.get("pad_id"), "vocab_size": vocab, "max_length": length}
+    contract = {"kind": kinds[task], "pad_id": kwargs.get("pad_id"), "vocab_size": vocab, "max_length": length}
+    for key, value in list(contract.items())[1:]:  # (a bool is an int to Python, and no size)
+        if not (isinstance(value, int) and not isinstance(value, bool)) and not (key == "pad_id" and value is None):
+            raise AttnlabError(f"the run's {CONFIG} gives {key} {value!r}, not a whole number")
+    return contract
 
 
 @click.command()

@@ -137,6 +137,18 @@ def _holds_spaces(line: str, width: int) -> bool:
     return True
 
 
+def _trailing_numbers(fields: list[str]) -> int:
+    """How many of ``fields``, counted from the end, are numbers."""
+    count = 0
+    for field in reversed(fields):
+        try:
+            float(field)
+        except ValueError:
+            break
+        count += 1
+    return count
+
+
 def _word_and_values(line: str, width: int) -> tuple[str, str]:
     """A line's word, which may hold spaces, and its last ``width`` fields (the vector), joined by spaces."""
     parts = line.rsplit(None, width)
@@ -176,8 +188,11 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
                     fields = rest.split()
                     if lineno == 1 and len(fields) == 1 and word.isdigit() and fields[0].isdigit():
                         continue  # word2vec-style "count width" header
-                    if requested is not None and len(fields) > requested and _holds_spaces(line, requested):
-                        word, rest = _word_and_values(line, requested)
+                    # A first word holding spaces (see below): its width is the file name's or --dim, else the
+                    # line's trailing numbers
+                    known = requested if requested is not None else _trailing_numbers(fields)
+                    if 0 < known < len(fields) and _holds_spaces(line, known):
+                        word, rest = _word_and_values(line, known)
                         fields = rest.split()
                     width = len(fields)
                     if width == 0:

@@ -423,15 +423,15 @@ def _resumed_settings(out: Path, train_path: str | Path, valid_path: str | Path 
     """What ``--resume`` continues: the run's saved config, its settings, and the new length asked.
 
     A new length (``steps``, else ``epochs``: returned, re-planned once the data gives an epoch's steps), a
-    new time budget and a new checkpoint interval (where the run stops and what it saves, not what its steps
-    compute) are taken; the other settings are the run's, and those the command line asked are named.
+    new time budget, checkpoint interval and thread count (where the run stops, what it saves and how many
+    threads share its kernels, not what its steps compute) are taken; the other settings are the run's, and those the command line asked are named.
     Refuses data that changed, other validation data, and a run that has already reached its length.
     """
     saved = read_run_config(out, TASK_NAME)
     refuse_restart_over_a_report(out)  # (before anything is read or said)
     settings = ClassifySettings(**{"wordllama": False, **saved["classify"]})  # older runs had GloVe only
     length = {k: v for k, v in requested.items() if k in ("steps", "epochs") and v}
-    budget = {k: v for k, v in requested.items() if k in ("max_seconds", "checkpoint_every")}
+    budget = {k: v for k, v in requested.items() if k in ("max_seconds", "checkpoint_every", "threads")}
     ignored = ignored_on_resume({k: v for k, v in requested.items() if k not in length | budget},
                                 asdict(settings))
     settings = replace(settings, **budget)

@@ -237,7 +237,7 @@ def build_lm(settings: LMSettings, vocab_size: int, model_class: type[DecoderLM]
 
 #: The settings a ``--resume`` may change (the others are the run's own: its steps must repeat). A new
 #: number of steps lengthens (or shortens) the run, its schedule re-planned, and is said aloud.
-RESUME_MAY_CHANGE = ("max_seconds", "checkpoint_every", "steps")
+RESUME_MAY_CHANGE = ("max_seconds", "checkpoint_every", "steps", "threads")
 
 
 def _notes(settings: LMSettings, data: LMData, requested: dict[str, Any]) -> list[str]:
@@ -258,8 +258,8 @@ def _resumed_settings(out: str | Path, text: str | Path | None, requested: dict[
                       task_name: str) -> tuple[dict[str, Any], LMSettings, bool]:
     """What ``--resume`` continues: the run's saved config, its settings, and whether a checkpoint is there.
 
-    The saved settings win, except those of :data:`RESUME_MAY_CHANGE` (where the run stops and what it saves
-    on the way, not what any of its steps compute); the others the command line asked are named. Refuses a
+    The saved settings win, except those of :data:`RESUME_MAY_CHANGE` (where the run stops, what it saves on
+    the way and how many threads share its kernels, not what any of its steps compute); the others the command line asked are named. Refuses a
     ``text`` (None: the caller's data) that changed and a run that has already reached its length. A run
     killed before its first checkpoint starts again from step 0 with the saved settings, exactly what the
     uninterrupted run did: the third value is then False.

@@ -328,7 +328,8 @@ class Trainer:
                   "past the first start again from the first's, so the run goes on validly but not as the "
                   "uninterrupted one would have", file=sys.stderr)
         saved_threads = self.state.get("threads")  # None: written before checkpoints recorded it
-        if self.place.is_main and saved_threads is not None and saved_threads != torch.get_num_threads():
+        if (self.place.is_main and self.place.device.type == "cpu" and saved_threads is not None
+                and saved_threads != torch.get_num_threads()):
             print(f"note: the checkpoint was saved by a process of {saved_threads} torch thread"
                   f"{'s' if saved_threads > 1 else ''}, this one has {torch.get_num_threads()} (--threads): kernels "
                   "split their sums otherwise, so the run goes on validly but its results differ in the last bits "
