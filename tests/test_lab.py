@@ -240,6 +240,30 @@ def test_the_glove_section_quotes_the_seeds_100d_figures_beside_its_own(small_ru
         assert figure in glove, figure
 
 
+def test_the_command_says_how_many_checks_hold_and_names_those_that_do_not(tmp_path):
+    """Three-wide vectors break one check on the page (the encoding's dot products at an odd small width): the
+    command names it after the table, with exit status 0 (a finding of the page, not an error)."""
+    vectors = {w: np.round(v[:3], 6) for w, v in small_vectors().items()}
+    write_glove(tmp_path / "narrow.txt", vectors)
+    result = run_cli("--out", str(tmp_path / "r"), "--glove", str(tmp_path / "narrow.txt"))  # 50 positions
+    assert result.exit_code == 0, result.output
+    line = " ".join(result.stdout.split())  # (rich wraps it at the terminal's width)
+    held, total = map(int, re.search(r"checks: (\d+) of (\d+) hold", line).groups())
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert total == page.count('<p class="check ') and total - held == page.count('<p class="check bad"') >= 1
+    assert "not holding (marked on the page): the dot product is largest on the diagonal" in line
+
+
+def test_only_the_seeds_own_vectors_go_without_the_note_that_the_figures_differ():
+    from attnlab.data.glove import WordVectors, corpus_from_name
+    from attnlab.lab.embeddings import seeds_vectors
+
+    assert corpus_from_name("glove.6B.100d.txt") == "6B" and corpus_from_name("/x/glove.840B.300d.txt.gz") == "840B"
+    assert corpus_from_name("glove.twitter.27B.100d.txt") == "twitter.27B" and corpus_from_name("mine.100d.txt") == ""
+    assert seeds_vectors(WordVectors({}, 100, "", 0, corpus="6B"))
+    assert not seeds_vectors(WordVectors({}, 100, "", 0)) and not seeds_vectors(WordVectors({}, 50, "", 0, "6B"))
+
+
 # ---------------------------------------------------------------- bad input
 
 

@@ -39,7 +39,7 @@ def test_the_explorer_note_adds_up_the_cells_it_quotes():
 def test_the_masks_section_explains_axes_conventions_and_fully_hidden_rows():
     body = text(masks_section())
     for phrase in ("(batch, heads, queries, keys)", "the sequence that supplies K and V", "key_padding_mask",
-                   "attention_mask", "-inf (the seed adds -1e9", "NaN"):
+                   "attention_mask", "-inf (the seed adds -1e9", "NaN", "-1e9 spreads its weight evenly"):
         assert phrase in body, phrase
 
 

@@ -11,6 +11,7 @@ from rich.table import Table
 from attnlab.cli.console import console as stdout_console
 from attnlab.cli.params import PathParam
 from attnlab.lab import DEFAULT_MAX_LENGTH, STEPS, run_lab
+from attnlab.lab.html import checks_in
 from attnlab.lab.runner import MAX_LENGTH_LIMIT
 
 
@@ -47,6 +48,10 @@ def lab(out: Path, glove: Path | None, dim: int | None, max_length: int) -> None
             table.add_row(label, value)
     console = stdout_console()
     console.print(table)
+    marks = [mark for section in result.sections for mark in checks_in(section.body)]
+    held, failed = sum(ok for ok, _ in marks), [text for ok, text in marks if not ok]
+    console.print(f"checks: {held} of {held + len(failed)} hold" + (
+        f"; not holding (marked on the page): {'; '.join(failed)}" if failed else ""))
     console.print(f"report: {result.out / 'index.html'}")
     console.print(f"numbers: {result.out / 'numbers.json'}")
     console.print(f"time: {result.seconds:.1f} s")

@@ -41,12 +41,14 @@ class WordVectors:
         dim: width of every vector.
         source: human-readable description of where they came from.
         total_words: how many words the source holds.
+        corpus: the GloVe training corpus, as its file names give it (``6B``, ``840B``), or "" when unknown.
     """
 
     vectors: dict[str, np.ndarray]
     dim: int
     source: str
     total_words: int
+    corpus: str = ""
 
 
 def load_vectors(words: Iterable[str], path: str | Path | None = None, dim: int | None = None) -> WordVectors:
@@ -88,7 +90,7 @@ def load_default(words: Iterable[str], dim: int | None = None) -> WordVectors:
         vectors.setdefault(word, vec)  # the first row wins if a word were ever listed twice
     version = importlib.metadata.version(DEFAULT_PACKAGE)
     source = f"{DEFAULT_PACKAGE} {version} (GloVe 6B, {DEFAULT_DIM}d, {len(index):,} words)"
-    return WordVectors(vectors, DEFAULT_DIM, source, len(index))
+    return WordVectors(vectors, DEFAULT_DIM, source, len(index), corpus="6B")
 
 
 def most_frequent_words(count: int) -> list[str]:
@@ -117,6 +119,13 @@ def width_from_name(path: str | Path) -> int | None:
     """The width a GloVe file name announces (``glove.6B.100d.txt`` -> 100), or None."""
     found = _NAME_WIDTH.findall(Path(path).name)
     return int(found[-1]) if found else None
+
+
+def corpus_from_name(path: str | Path) -> str:
+    """The corpus a GloVe file name announces (``glove.6B.100d.txt`` -> ``6B``, ``glove.twitter.27B.25d.txt``
+    -> ``twitter.27B``), or ""."""
+    found = re.fullmatch(r"glove\.(.+)\.\d+d(\..*)?", Path(path).name)
+    return found.group(1) if found else ""
 
 
 def _floats(fields: list[str]) -> np.ndarray:
@@ -232,4 +241,5 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
         raise AttnlabError(f"cannot read {path}: {err.strerror or err}") from err
     if width is None or count == 0:
         raise AttnlabError(f"{path} holds no word vectors")
-    return WordVectors(vectors, width, f"{path} ({width}d, {count:,} word{'' if count == 1 else 's'})", count)
+    return WordVectors(vectors, width, f"{path} ({width}d, {count:,} word{'' if count == 1 else 's'})", count,
+                       corpus=corpus_from_name(path))

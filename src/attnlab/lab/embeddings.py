@@ -24,7 +24,7 @@ from attnlab.data.batching import pad_batch
 from attnlab.data.glove import WordVectors
 from attnlab.errors import AttnlabError
 from attnlab.lab import figures
-from attnlab.lab.encoding import SEED_WIDTH
+from attnlab.lab.encoding import SEED_GLOVE, SEED_WIDTH
 from attnlab.lab.html import Section, check, code, esc, figure, fmt, heading, para, table
 from attnlab.lab.sentences import GROUPS, SENTENCES
 from attnlab.nn import sinusoidal_encoding
@@ -109,8 +109,15 @@ def _shown(key: str) -> str:
     return key.replace("sqrt_d", "sqrt(d)")
 
 
-def _red_and_wolf(exp: _Experiment, words: list[list[str]], d: int) -> tuple[str, dict[str, dict], bool]:
+def seeds_vectors(vectors: WordVectors) -> bool:
+    """Whether ``vectors`` are the ones seed 000 measured with (GloVe 6B, 100 wide): only then may this page's
+    figures equal the seed's."""
+    return vectors.dim == SEED_WIDTH and vectors.corpus == "6B"
+
+
+def _red_and_wolf(exp: _Experiment, words: list[list[str]], vectors: WordVectors) -> tuple[str, dict[str, dict], bool]:
     """The red/wolf distances in both sentences, without and with position: (html, figures, pattern holds)."""
+    d = vectors.dim
     red_wolf = {}
     rows = []
     for s in (0, 1):
@@ -128,20 +135,22 @@ def _red_and_wolf(exp: _Experiment, words: list[list[str]], d: int) -> tuple[str
                and far["with_position"] - far["semantic"] > near["with_position"] - near["semantic"])
     body += check(pattern, "the semantic distance is the same in both sentences, and position adds more to the pair "
                            "that stands further apart: that difference is the order information")
-    if d != SEED_WIDTH:
-        body += para(f"The seed's own figures come from its {SEED_WIDTH}-wide vectors, so they differ from",
-                     f"this page's {d}-wide ones: other vectors give another semantic distance, and the encoding's",
-                     "share of the sum is set by the two norms (the encoding's is sqrt(d/2), a word vector's is",
-                     "whatever GloVe learned). What must carry over is the pattern, which the seed's figures show",
+    if not seeds_vectors(vectors):
+        theirs = f"{d}-wide ones" if d != SEED_WIDTH else "ones, of its width but from another file"
+        body += para(f"The seed's own figures come from {SEED_GLOVE}, so they differ from this page's {theirs}:",
+                     "other vectors give another semantic distance, and the encoding's share of the sum is set by",
+                     "the two norms (the encoding's is sqrt(d/2), a word vector's is whatever GloVe learned). What",
+                     "must carry over is the pattern, which the seed's figures show",
                      f"too{' and the check above finds here' if pattern else ' but this page does not'}. With",
-                     f"<code>--glove glove.6B.{SEED_WIDTH}d.txt</code> the page computes at the seed's width.")
+                     f"<code>--glove {SEED_GLOVE}</code> the page computes with the seed's vectors.")
     return body, red_wolf, pattern
 
 
 def _weightings(exp: _Experiment, words: list[list[str]], groups: list[list[str]], semantic: np.ndarray,
-                d: int) -> tuple[str, dict[str, float], bool]:
+                vectors: WordVectors) -> tuple[str, dict[str, float], bool]:
     """Sentence 1 at four weightings of meaning against position, each layout's Procrustes disparity from the
     semantic-only ``semantic`` (11, 2): (html, disparities by weighting, their order holds)."""
+    d = vectors.dim
     sqrt_d = math.sqrt(d)
     weightings = [*WEIGHTINGS, (sqrt_d, 1.0, "sqrt_d:1", f"sqrt(d) = {sqrt_d:.2f}, the encoder's ratio")]
     layouts = [pca_layout(exp.weighted(w1, w2, 1)) for w1, w2, _, _ in weightings]
@@ -170,9 +179,9 @@ def _weightings(exp: _Experiment, words: list[list[str]], groups: list[list[str]
     ordered = disparity["1:10"] > disparity["1:1"] > disparity["10:1"]
     body += check(ordered, "the more weight meaning gets, the closer the layout stays to the semantic one "
                            "(1:10 > 1:1 > 10:1), as in the seed")
-    if d != SEED_WIDTH:
-        body += para(f"The seed's disparities come from {SEED_WIDTH}-wide vectors, another GloVe set trained on its own,",
-                     "so the two columns differ by more than the width: they are compared for their order only.")
+    if not seeds_vectors(vectors):
+        body += para(f"The seed's disparities come from {SEED_GLOVE}, other vectors than this page's, so the two",
+                     "columns differ: they are compared for their order only.")
     return body, disparity, ordered
 
 
@@ -207,7 +216,7 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
     body += table(["word", "count", "id"], [(w, counts[w], i) for w, i in word_index.items()])
     body += code(
         f"padded ids: shape {tuple(data.shape)} (post-padding with {PAD_ID})\n"
-        + "\n".join(f"sentence {i}, first 13: {data[i, :13].tolist()}" for i in range(2))
+        + "\n".join(f"sentence {i}, first {min(13, max_length)}: {data[i, :13].tolist()}" for i in range(2))
     )
     body += heading("Embedding matrix")
     body += code(f"embedding matrix: shape {tuple(matrix.shape)} (row 0 = padding, all zeros)\n"
@@ -229,9 +238,9 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
                    "With the encoding added at equal weight the two panels differ: the same word now carries a "
                    "different position vector in each sentence.")
 
-    part, red_wolf, pattern = _red_and_wolf(exp, words, d)
+    part, red_wolf, pattern = _red_and_wolf(exp, words, vectors)
     body += part
-    part, disparity, ordered = _weightings(exp, words, groups, semantic[1], d)
+    part, disparity, ordered = _weightings(exp, words, groups, semantic[1], vectors)
     body += part
 
     numbers = {

@@ -85,8 +85,8 @@ def _spread(values: torch.Tensor) -> float:
     return float(values.max() - values.min())
 
 
-#: The width seed 000 works at (its GloVe file is glove.6B.100d.txt).
-SEED_WIDTH = 100
+#: The width seed 000 works at, and its GloVe file.
+SEED_WIDTH, SEED_GLOVE = 100, "glove.6B.100d.txt"
 
 
 def seed_gap() -> float:

@@ -8,6 +8,7 @@ the page.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,3 +110,9 @@ def check(ok: bool, text: str) -> str:
     """A one-line pass/fail statement with a coloured mark."""
     mark, css = ("&#10003;", "ok") if ok else ("&#10007;", "bad")
     return f'<p class="check {css}"><span class="mark">{mark}</span> {esc(text)}</p>\n'
+
+
+def checks_in(body: str) -> list[tuple[bool, str]]:
+    """The :func:`check` statements of a section's html, in order: (whether it holds, its text)."""
+    found = re.findall(r'<p class="check (ok|bad)"><span class="mark">[^<]*</span> (.*?)</p>', body)
+    return [(css == "ok", html.unescape(text)) for css, text in found]

@@ -151,10 +151,12 @@ def masks_section() -> Section:
                  "(the opposite of the modules built on it). attnlab's masks are True = may attend; it converts at the",
                  "boundary (<code>from_hide_mask</code>, <code>from_key_padding_mask</code>,",
                  "<code>from_hf_attention_mask</code>, <code>from_keep_mask</code>) and refuses a mask that is not",
-                 "bool. Hidden scores are set to -inf (the seed adds -1e9; both give a weight of exactly 0 in",
-                 "float32). A row whose keys are <i>all</i> hidden would be 0/0 = NaN: attnlab gives it zero weight",
-                 "and zero output instead, so an inverted mask shows up as wrong numbers, not NaN (seed 004's",
-                 "symptom); <code>attnlab check</code>'s padding checks catch it.")
+                 "bool. Hidden scores are set to -inf (the seed adds -1e9; while a row keeps one key visible, both",
+                 "give a hidden key a weight of exactly 0 in float32). They part on a row whose keys are <i>all</i>",
+                 "hidden: -1e9 spreads its weight evenly over the hidden keys, reading padding without a sign, and",
+                 "-inf gives 0/0 = NaN. attnlab gives such a row zero weight and zero output, so an inverted mask",
+                 "shows up as wrong numbers, not NaN (seed 004's symptom); <code>attnlab check</code>'s padding",
+                 "checks catch it.")
     body += matrix(mask[:, 0, 0].int().numpy(), row_labels=labels, col_labels=[f"key {j}" for j in range(5)],
                    caption="padding_mask, shown as 1 = attend, 0 = hidden", css="matrix mask")
     body += check(agrees, "from_keep_mask on the seed's float mask (1 = keep) gives the same mask")

@@ -82,8 +82,9 @@ def _stack_and_decoder_layer_demo() -> tuple[dict, str]:
                  f"  self-attention weights  {tuple(self_w.shape)}  (batch, heads, target, target)\n"
                  f"  cross-attention weights {tuple(cross_w.shape)}  (batch, heads, target, source)")
     body += check(self_w.shape[-1] == 3 and cross_w.shape[-1] == 5,
-                  "cross-attention weighs source positions, (target, source), so its padding mask must come from "
-                  "the source; self-attention weighs target positions, (target, target)")
+                  "cross-attention weights are (target, source) = (3, 5) and self-attention's (target, target) = "
+                  "(3, 3): a cross-attention padding mask has the source's key axis (silent bug 2 shows what a "
+                  "target's mask does)")
     block1 = self_w[0, 0]  # (3, 3): batch 0, head 0
     body += matrix(block1.numpy(), 3, row_labels=[f"target {i}" for i in range(3)],
                    col_labels=[f"target {j}" for j in range(3)],
@@ -164,8 +165,8 @@ def model_section() -> Section:
         f"row sums: {[round(v, 6) for v in row_sums[0].tolist()]}\n"
         f"trainable parameters: {params:,}"
     )
-    body += check(abs(float(row_sums.max()) - 1) < 1e-5 and abs(float(row_sums.min()) - 1) < 1e-5,
-                  "every output row is a distribution: it sums to 1")
+    body += para("Each output row is a softmax over the target vocabulary, so it sums to 1 by construction: the row",
+                 "sums above show the output is probabilities, not logits, and prove nothing about the masks.")
     body += check(params == 7131, f"{params:,} parameters, as the seed's Keras model counts")
     body += table(["attention tensor", "shape"], [(k, str(tuple(v.shape))) for k, v in attention.items()])
     body += heading("Two exact zeros")

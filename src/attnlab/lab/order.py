@@ -148,7 +148,8 @@ def _whole_model(results: dict) -> str:
                    "forgets the order that is left: positions are the model's only way to see it. The trained",
                    "router's version of the test, on real tickets, is <code>attnlab probe order</code>. Seed 004's",
                    "trained figures (its accuracies, its parcel vectors, the scores of tickets T-64697 and T-64715)",
-                   "come from weights and tickets it does not publish, so this page does not reproduce them: it runs",
+                   "come from weights its previous lesson trained and tickets that are not in the seeds (its notebooks",
+                   "cannot be fetched offline), so this page does not reproduce them: it runs",
                    "the same tests on untrained models, and <code>attnlab train classify</code> trains a router of",
                    "the seed's shape on BANKING77."))
 

@@ -97,8 +97,9 @@ def _positional_mask(n: dict) -> str:
                    "Python's own answer (<code>inspect.signature</code>); the weights are the core's:")
             + code(f"no mask          {_r(plain)}\nmask by position {_r(ignored)}\nattend_mask=...  {_r(masked)}")
             + check(binds["keras2_call"] == "attention_mask" != binds["keras3_call"] and differs,
-                    "by Python's binding the fourth argument reaches attention_mask only in Keras 2; the real mask "
-                    "changes the weights, so a mask lost this way shows only in the numbers")
+                    "with the two signatures written here, Python binds the fourth argument to attention_mask in "
+                    "Keras 2's only; the real mask changes the weights, so a mask lost this way shows only in the "
+                    "numbers")
             + para("(The row for the mask passed by position equals the one without a mask by construction: the",
                    "wrapper, like Keras 3, drops it. What is measured is where it binds and what the real mask does.)")
             + para("attnlab's masks are keyword-only, so the same slip raises:") + code("\n".join(refusals)))
@@ -144,9 +145,10 @@ def _cross_mask(n: dict, model: Transformer) -> str:
             + check(diff > 1e-4 and on_real[1] == 0.0 < on_real[0],
                     "the wrong mask has the right shape, hides a real source token and changes the outputs")
             + para("With other lengths of padding it would let source padding in instead.")
-            + para("<code>attnlab check --kind seq2seq</code> catches it (padding-invariance, padding-content):")
-            + code("\n".join(f"{k}: {v.status}: {v.summary}" for k, v in verdicts.items()))
-            + para("The check draws sources and targets of different lengths, where a mask built from the target cannot fit."))
+            + para("<code>attnlab check --kind seq2seq</code> catches it, here in padding-invariance (the check run",
+                   "below): it draws sources and targets of different lengths, where a mask built from the target no",
+                   "longer fits the scores and the model raises. On equal lengths, as above, only the numbers show it.")
+            + code("\n".join(f"{k}: {v.status}: {v.summary}" for k, v in verdicts.items())))
 
 
 def _broadcast(n: dict) -> str:
@@ -290,8 +292,9 @@ def _questions(n: dict, model: Transformer) -> str:
          f"{n['questions']['embedding_to_encoding_norm']:.2f} times the encoding's norm either way), but the sums "
          f"differ in scale: norms {n['questions']['sum_norms']['embedding_scaled_up']:.2f} against "
          f"{n['questions']['sum_norms']['encoding_scaled_down']:.3f}, a factor sqrt(d) = {math.sqrt(d):g} by "
-         "construction. Only scaling up gives inputs of the size the layers expect, near the encoding's own norm "
-         f"sqrt(d/2) = {math.sqrt(d / 2):.2f}."),
+         "construction. Scaling up gives inputs of the size the layers expect, near the encoding's own norm "
+         f"sqrt(d/2) = {math.sqrt(d / 2):.2f}; scaling down leaves them far below it where dropout and the first "
+         "residual act. Beyond that it is a convention tied to the initialisation scale: both forms train."),
         ("The encoder still outputs a vector at a padded position. Is that a bug?",
          f"No: lab-toy's output at source position 4 (padding) has norm {pad_norm:.4f}; the cross-attention mask "
          f"gives it weight {n['cross_mask']['cross_weight_on_source_padding']['source']}, and losses must skip it."),
