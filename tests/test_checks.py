@@ -165,11 +165,17 @@ def test_a_leak_shows_past_an_outlying_or_infinite_pad_logit_and_a_correct_model
             return out
         return call
 
-    for value in (-1e4, -1e9, -math.inf):
-        leaky = run_checks(pad_logit(load_model(f"{TORCH_EXAMPLES}:torch_encoder_as_decoder"), value),
+    def masked_slots(model, value):  # two thirds of a larger vocabulary masked: the median of the features with them
+        def call(ids):
+            out = model(ids)
+            return torch.cat((out, out.new_full((*out.shape[:-1], 2 * out.shape[-1]), value)), dim=-1)
+        return call
+
+    for value, wrap in [(v, pad_logit) for v in (-1e4, -1e9, -math.inf)] + [(-1e9, masked_slots)]:
+        leaky = run_checks(wrap(load_model(f"{TORCH_EXAMPLES}:torch_encoder_as_decoder"), value),
                            Contract("decoder"), seeds=2, only=["causal", "order-sensitivity"])
         assert leaky.results[0].status == "fail", (value, leaky.results[0])
-        correct = run_checks(pad_logit(load_model(f"{TORCH_EXAMPLES}:torch_decoder"), value), Contract("decoder"),
+        correct = run_checks(wrap(load_model(f"{TORCH_EXAMPLES}:torch_decoder"), value), Contract("decoder"),
                              seeds=2, only=["causal", "padding-invariance", "order-sensitivity", "mode"])
         assert [r.status for r in correct.results] == ["pass"] * 4, (value, correct.results)
 
@@ -765,6 +771,13 @@ def test_a_failed_padding_check_names_the_mask_parameter_the_checks_never_pass()
 
     flags = run_checks(Flags(), Contract("encoder"), seeds=1, only=["padding-invariance"]).results[0]
     assert flags.status == "fail" and "never pass" not in flags.summary
+    from attnlab.checks.calling import unpassed_mask_parameters
+
+    def seq2seq(src, tgt, memory_key_padding_mask=None, tgt_key_padding_mask=None, decoder_head_mask=None):
+        return tgt.float()
+
+    assert unpassed_mask_parameters(seq2seq) == ["tgt_key_padding_mask"]  # a cross-attention's is no encoder's
+    assert unpassed_mask_parameters(seq2seq, seq2seq=True) == ["memory_key_padding_mask", "tgt_key_padding_mask"]
 
 
 def test_a_frozen_torchscript_model_is_checked_and_meta_weights_are_one_error():
@@ -922,6 +935,10 @@ def test_a_model_of_another_kind_is_told_to_check_its_kind():
     result = run_checks(Submodule(), Contract("decoder", vocab_size=20), seeds=1, only=["causal"]).results[0]
     assert result.status == "fail" and "Sequential.forward() takes 2" in result.summary
     assert "--kind" not in result.summary
+    torch_only = nn.Sequential(nn.Embedding(20, 8), nn.TransformerDecoderLayer(8, 2, 16, batch_first=True)).eval()
+    result = run_checks(torch_only, Contract("decoder", vocab_size=20), seeds=1, only=["causal"]).results[0]
+    assert result.status == "fail" and "missing 1 required positional argument: 'memory'" in result.summary
+    assert "--kind" not in result.summary  # torch's frames all the way, and still the model's bug
 
     def broken(ids):  # a TypeError of torch's, inside a model of the right kind: no hint about --kind
         return torch.nn.functional.linear((ids,), torch.ones(2, 2))

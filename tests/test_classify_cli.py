@@ -344,6 +344,7 @@ def test_bad_run_folders_are_one_line_and_exit_2(trained, tmp_path):
     assert json.loads((out / "result.json").read_text())["steps"] == 7
     saved = json.loads((out / "config.json").read_text())
     assert saved["train"]["max_steps"] == 7 and saved["classify"]["steps"] == 7
+    assert saved["classify"]["threads"] == 2  # recorded, so that a plain --resume goes on with it
     report = (out / "result.json").read_bytes()
     again = run("train", "classify", "--train", train, "--out", out, *SMALL, "--resume")  # the new length is kept
     assert one_error_line(again) == (f"error: {out} has finished its 7 steps (its report is in result.json); nothing "

@@ -253,27 +253,24 @@ def _fast_path(enabled: bool) -> Iterator[None]:
             torch.backends.mha.set_fastpath_enabled(before)
 
 
-def unpassed_mask_parameters(model: Any) -> list[str]:
-    """The parameters of the model's ``forward`` (or of a plain callable) that name a mask and have a default.
+def unpassed_mask_parameters(model: Any, *, seq2seq: bool = False) -> list[str]:
+    """The parameters of the model's ``forward`` (or of a plain callable) that name a padding mask and have a
+    default.
 
     The checks call ``model(ids)`` (``model(src, tgt)`` for seq2seq) and never pass them, so a model that relies
     on its caller for the padding mask, as a Hugging Face ``attention_mask=None`` does, runs without one: the
-    padding checks name them when they fail.
+    padding checks name them when they fail. Flags (``mask_future``) and head masks are not padding masks, nor
+    is a cross-attention's (``memory_key_padding_mask``, ``encoder_attention_mask``) but for ``seq2seq``.
     """
     try:
         signature = inspect.signature(model.forward if isinstance(model, nn.Module) else model)
     except (TypeError, ValueError):  # builtins and some C extensions have none
         return []
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    cross = ("encoder_", "memory_", "cross")
     return [p.name for p in signature.parameters.values()
-            if p.kind in kinds and p.default is not inspect.Parameter.empty and _names_a_padding_mask(p.name)]
-
-
-def _names_a_padding_mask(name: str) -> bool:
-    """``attention_mask``, ``src_key_padding_mask``, ``mask``: not a flag (``mask_future``), a head mask or a
-    cross-attention's (``encoder_attention_mask``), which a model of one sequence is never given either."""
-    name = name.lower()
-    return name.endswith("mask") and "head_mask" not in name and not name.startswith(("encoder_", "memory_", "cross"))
+            if p.kind in kinds and p.default is not inspect.Parameter.empty and p.name.lower().endswith("mask")
+            and "head_mask" not in p.name.lower() and (seq2seq or not p.name.lower().startswith(cross))]
 
 
 @contextmanager

@@ -67,7 +67,7 @@ def _fail(mut: ModelUnderTest, name: str, seed: int, done: int, what: str, row: 
                 "bound": diff.bound}
     where = f" at position(s) {shown(positions)}" if positions else ""
     summary = f"seed {seed}: {what}: output{where} differs by up to {diff} (likely causes: {causes})"
-    unpassed = unpassed_mask_parameters(mut.model)
+    unpassed = unpassed_mask_parameters(mut.model, seq2seq=mut.contract.kind == "seq2seq")
     if unpassed:  # the most likely cause of all: the mask is the caller's job and the checks never give it
         summary += (f"; note: the model takes {', '.join(unpassed)}, which the checks never pass (they call "
                     "model(ids)): check a function that builds the mask from the ids and passes it (HFAdapter does "

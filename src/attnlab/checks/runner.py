@@ -6,6 +6,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 import torch
@@ -105,10 +106,11 @@ def _refuse_uncallable(mut: ModelUnderTest) -> None:
 
 def _call_mismatch(err: BaseException) -> bool:
     """Whether ``err`` is Python refusing the call's arguments at the model's door, not a TypeError from inside
-    it: the message says so, and below the checks' own call every frame is torch's (``Module.__call__``, and
-    wrappers that pass the call on: ``DataParallel``, ``torch.compile``'s module), or there is none. A submodule
-    called with the wrong arguments inside the model (a mask passed positionally to an ``nn.Sequential``) is the
-    model's own bug: the model's frames lie between."""
+    it: the message says so, and below the checks' own call every frame is torch's ``Module.__call__`` or a
+    wrapper's that passes the call on as it came (:data:`PASSING_ON`: ``DataParallel``, ``torch.compile``'s
+    module), or there is none. A submodule called with the wrong arguments inside the model (a mask passed
+    positionally to an ``nn.Sequential``; a ``TransformerDecoderLayer`` in a ``Sequential``, given no memory) is
+    the model's own bug: its frames lie between."""
     if not (isinstance(err, TypeError) and _WRONG_ARITY.search(str(err))):
         return False
     codes = []
@@ -116,14 +118,21 @@ def _call_mismatch(err: BaseException) -> bool:
     while tb is not None:
         codes.append(tb.tb_frame.f_code)
         tb = tb.tb_next
-    while codes and Path(codes[-1].co_filename).resolve().is_relative_to(TORCH_PACKAGE):
+    while codes and _passes_on(codes[-1]):
         codes.pop()
     call = ModelUnderTest.__call__.__code__  # the model is called from lambdas defined in it
     return bool(codes) and (codes[-1] is call or codes[-1] in call.co_consts)
 
 
-#: torch's own source files: frames there pass a call on to the model.
-TORCH_PACKAGE = Path(torch.__file__).resolve().parent
+#: torch's source files that pass a call on to the model with its arguments as they came.
+PASSING_ON = ("nn/modules/module.py", "nn/parallel/data_parallel.py", "nn/parallel/distributed.py",
+              "_dynamo/eval_frame.py")
+_TORCH = Path(torch.__file__).resolve().parent
+
+
+def _passes_on(code: CodeType) -> bool:
+    """Whether ``code`` is in one of the files of :data:`PASSING_ON`."""
+    return any(Path(code.co_filename).resolve() == _TORCH / name for name in PASSING_ON)
 
 
 def _stopped(name: str, mut: ModelUnderTest, what: str, evidence: dict[str, Any]) -> CheckResult:

@@ -136,7 +136,7 @@ def _red_and_wolf(exp: _Experiment, words: list[list[str]], vectors: WordVectors
     body += check(pattern, "the semantic distance is the same in both sentences, and position adds more to the pair "
                            "that stands further apart: that difference is the order information")
     if not seeds_vectors(vectors):
-        theirs = f"{d}-wide ones" if d != SEED_WIDTH else "ones, of its width but from another file"
+        theirs = f"{d}-wide ones" if d != SEED_WIDTH else "ones, of its width from a file not named as GloVe 6B's"
         body += para(f"The seed's own figures come from {SEED_GLOVE}, so they differ from this page's {theirs}:",
                      "other vectors give another semantic distance, and the encoding's share of the sum is set by",
                      "the two norms (the encoding's is sqrt(d/2), a word vector's is whatever GloVe learned). What",

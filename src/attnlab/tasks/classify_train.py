@@ -610,10 +610,10 @@ def train_classifier(
             write_run_config(out, _new_run_config(model, tokenizer, trained, data, settings, config, train_path,
                                                   valid_path, truncated={"train": train_enc.truncated,
                                                                          "valid": valid_enc.truncated}))
-        def record() -> None:  # a new length or time budget, once the checkpoint has loaded: an interrupted
-            changed = [k for k in ("max_steps", "max_seconds", "checkpoint_every")  # lengthening goes on with a
-                       if getattr(config, k) != saved["train"][k]]  # plain --resume
-            if main and changed:
+        def record() -> None:  # a new length, time budget or thread count, once the checkpoint has loaded: an
+            changed = [k for k in ("max_steps", "max_seconds", "checkpoint_every")  # interrupted lengthening goes
+                       if getattr(config, k) != saved["train"][k]]  # on with a plain --resume
+            if main and (changed or settings.threads != saved["classify"].get("threads")):
                 write_run_config(out, {**saved, "classify": asdict(settings), "train": config_dict(config)})
 
         if saved is not None and not resume:  # no checkpoint to load: it starts again from step 0 with what it now is
