@@ -193,6 +193,11 @@ def test_probes_order_and_padding(trained):
     same.write_text("text,label\nwhere is parcel,delivery\nforgot my password,account\nrefund my money,refund\n")
     vacuous = run("probe", "padding", root / "run", "--data", same)
     assert vacuous.exit_code == 0 and vacuous.output.startswith("note: every text is 3 tokens long, so nothing gets")
+    long = root / "long.csv"  # a text past the position table is cut, and the probes say so as eval classify does
+    long.write_text("text,label\n" + "refund " * 500 + ",refund\nwhere is parcel,delivery\n")
+    for probe in ("order", "padding"):
+        said = run("probe", probe, root / "run", "--data", long, "--json")
+        assert said.exit_code == 0 and "note: the probed texts: 1 of 2 texts were longer than" in said.stderr
 
 
 def test_options_the_chosen_model_does_not_read_are_named_not_silently_dropped(tmp_path):

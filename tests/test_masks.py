@@ -164,6 +164,20 @@ def test_padding_converters_refuse_other_ranks_and_conventions():
         from_key_padding_mask(KEY_PADDING_MASK.float())  # seed 003's float "1 = hide": torch would add it
 
 
+def test_converters_on_the_meta_device_give_masks_of_the_right_shape_without_reading_values():
+    """Shape inference (torch.device("meta")) has no values to check: torch.nonzero raised NotImplementedError."""
+    assert from_keep_mask(torch.ones(2, 3, device="meta")).shape == (2, 3)
+    assert from_additive_mask(torch.zeros(2, 3, device="meta")).shape == (2, 3)
+    assert from_hf_attention_mask(torch.ones(2, 3, dtype=torch.long, device="meta")).shape == (2, 1, 1, 3)
+
+
+def test_padding_mask_refuses_what_is_not_ids_and_a_pad_id():
+    with pytest.raises(AttnlabError, match="pad_id must be a whole number .* got None"):
+        padding_mask(IDS, None)  # compared with a tensor, None gave one False, not a mask
+    with pytest.raises(AttnlabError, match=r"token ids must be a \(batch, seq\) tensor, got list"):
+        padding_mask([[1, 0]])
+
+
 def test_converted_library_masks_work_in_multi_head_attention():
     torch.manual_seed(0)
     mha = MultiHeadAttention(8, 2).eval()

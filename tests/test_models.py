@@ -365,6 +365,10 @@ def test_tied_and_shared_embeddings():
     (lambda: DecoderLM(20, 8, 1, 2, d_ff=0), "d_ff must be a whole number >= 1, got 0"),
     (lambda: Transformer(20, 22, 8, 1, 2, 16.0), "d_ff must be a whole number >= 1, got 16.0"),
     (lambda: RotaryEmbedding(8, -1), "max_positions must be a whole number >= 1, got -1"),
+    # Built, these refused every input at the first forward (or trained with torch's own error at the first step).
+    (lambda: Transformer(20, 22, 8, 1, 2, 16, max_src_positions=0), "max_positions must be a whole number >= 1"),
+    (lambda: EncoderClassifier(20, 0), "num_classes must be a whole number >= 1, got 0"),
+    (lambda: Transformer(20, 22, 8, 1, 2, 16, dropout=2.0), "dropout must be a probability between 0 and 1, got 2.0"),
 ])
 def test_models_that_cannot_be_built_as_asked_are_refused(make, message):
     with pytest.raises(AttnlabError, match=message):

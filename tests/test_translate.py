@@ -137,6 +137,8 @@ def test_an_output_that_would_replace_an_input_or_a_run_file_is_refused_before_a
         # a folder, said before the decoding (it was said after all of it)
         (evaluate + [tmp_path], f"error: --hyp-out {tmp_path} is a folder; give a file name to write"),
         (["translate", run, "--input", src, "--output", tmp_path], f"error: --output {tmp_path} is a folder"),
+        (["translate", run, "ka", "--max-len-a", "0", "--max-len-b", "0"],
+         "error: --max-len-a 0 and --max-len-b 0 allow no token"),
     ]
     for args, said in cases:
         result = CliRunner().invoke(cli, [str(a) for a in args])
@@ -189,6 +191,12 @@ def test_attention_heatmap_for_one_sentence(toy):
     refused = CliRunner().invoke(cli, ["attention", str(toy["run"]), "ka", "--out", str(toy["root"] / "att.docx")])
     assert refused.exit_code == 2 and "matplotlib cannot write .docx figures" in refused.stderr
     assert not (toy["root"] / "att.docx").exists()
+    from attnlab.cli.attention import plot_heatmap
+
+    svg = toy["root"] / "math.svg"  # pieces are drawn as written: mathtext raised on $\\frac$, drew $x_1$ as x₁
+    plot_heatmap(["$\\frac$", "$x_1$"], ["$5", "to $10"], torch.full((2, 2), 0.5), svg, "costs $5 to $10")
+    drawn = svg.read_text()
+    assert "costs $5 to $10" in drawn and "$x_1$" in drawn
 
 
 def test_attention_shows_the_weights_decoding_used_even_for_a_model_whose_plain_decode_leaks(toy):

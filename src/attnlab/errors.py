@@ -24,6 +24,14 @@ def check_count(name: str, value: object, minimum: int = 1) -> int:
     return value
 
 
+def check_probability(name: str, value: object) -> float:
+    """Return ``value`` if it is a number in [0, 1] (a dropout rate), else raise :class:`AttnlabError`: torch
+    says so only at the first forward, or not at all (NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise AttnlabError(f"{name} must be a probability between 0 and 1, got {value!r}")
+    return float(value)
+
+
 def in_one_line(err: BaseException) -> str:
     """``Type: the first line of the message``, or the type alone for an empty message: an exception (or a
     warning, ``WarningMessage.message``) named on one line."""

@@ -23,11 +23,12 @@ def plot_heatmap(src_pieces: list[str], out_pieces: list[str], weights, path: Pa
 
     fig, ax = plt.subplots(figsize=(0.45 * len(src_pieces) + 2.5, 0.4 * len(out_pieces) + 2.0))
     image = ax.imshow(weights.numpy(), cmap="viridis", vmin=0.0, aspect="auto")
-    ax.set_xticks(range(len(src_pieces)), labels=src_pieces, rotation=60, ha="right", fontsize=9)
-    ax.set_yticks(range(len(out_pieces)), labels=out_pieces, fontsize=9)
+    # (drawn as written: mathtext would read "$5 to $10" as a formula, or raise on "$\\frac$")
+    ax.set_xticks(range(len(src_pieces)), labels=src_pieces, rotation=60, ha="right", fontsize=9, parse_math=False)
+    ax.set_yticks(range(len(out_pieces)), labels=out_pieces, fontsize=9, parse_math=False)
     ax.set_xlabel("source pieces (keys)")
     ax.set_ylabel("output pieces (queries)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title, fontsize=10, parse_math=False)
     fig.colorbar(image, ax=ax, fraction=0.04, label="attention weight")
     fig.tight_layout()
     with atomic_path(path) as tmp:

@@ -44,7 +44,7 @@ def eval_classify(run: Path, data: Path, text_column: str | None, label_column: 
     per_class = RichTable(title=f"{data}: per class", title_justify="left")
     for name, justify in (("label", "left"), ("precision", "right"), ("recall", "right"), ("f1", "right"),
                           ("support", "right")):
-        per_class.add_column(name, justify=justify)
+        per_class.add_column(name, justify=justify, overflow="fold")  # (a label cut short could be another's)
     for row in evaluation.per_class:
         per_class.add_row(row["label"], f"{row['precision']:.3f}", f"{row['recall']:.3f}", f"{row['f1']:.3f}",
                           str(row["support"]))

@@ -42,7 +42,7 @@ def lab(out: Path, glove: Path | None, dim: int | None, max_length: int) -> None
 
     table = Table(title="attnlab lab: key numbers", title_justify="left", show_header=False)
     table.add_column("what", style="bold")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")
     for section in result.sections:
         for label, value in section.highlights:
             table.add_row(label, value)

@@ -31,6 +31,9 @@ def _load(run: Path, data: Path, text_column: str | None, label_column: str | No
         kinds = sorted(set(unseen))
         click.echo(f"note: {len(unseen)} rows have labels the run never saw ({', '.join(kinds[:5])}"
                    f"{', ...' if len(kinds) > 5 else ''}); they count as errors in every accuracy", err=True)
+    cut = clf.encode(table.texts).note("note: the probed texts")  # (as eval classify says it)
+    if cut:
+        click.echo(cut, err=True)
     return clf, table
 
 

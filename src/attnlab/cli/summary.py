@@ -27,8 +27,8 @@ def summary(preset: str, expand: bool, as_json: bool) -> None:
                                "rows": [r.__dict__ for r in rows]}))
         return
     table = Table(title=f"{preset}: {MODEL_PRESETS[preset].source}", title_justify="left")
-    table.add_column("layer")
-    table.add_column("type")
+    table.add_column("layer", overflow="fold")  # (folded, not cut: two names cut alike could not be told apart)
+    table.add_column("type", overflow="fold")
     table.add_column("parameters", justify="right")
     table.add_column("note")
     for r in rows:

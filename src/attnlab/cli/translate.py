@@ -79,8 +79,8 @@ def translate_with_progress(translator: Any, lines: list[str], settings: Any, pr
 @click.option("--input", "input_path", type=PathParam(path_type=Path), default=None,
               help="Translate this file, one sentence a line (.gz allowed; - reads standard input).")
 @click.option("--output", "output_path", type=PathParam(path_type=Path), default=None,
-              help="Write the translations here, one a line (written atomically; .gz: compressed); - or none: "
-                   "stdout.")
+              help="Write the translations here, one a line (written atomically; .gz: compressed); - or left "
+                   "out: standard output.")
 @decode_options
 @progress_option(what=" in file mode (--input)")
 def translate(run: Path, sentence: str | None, input_path: Path | None, output_path: Path | None, beam: int,

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError, check_count
+from attnlab.errors import AttnlabError, check_count, check_probability
 from attnlab.nn.masks import check_attend_mask
 from attnlab.nn.positions import RotaryEmbedding
 
@@ -296,8 +296,7 @@ class MultiHeadAttention(nn.Module):
     ) -> None:
         super().__init__()
         head_dim = head_width(d_model, num_heads, head_dim)
-        if not 0 <= dropout <= 1:  # (NaN too) torch would say so only at the first forward, or not at all
-            raise AttnlabError(f"dropout must be a probability between 0 and 1, got {dropout}")
+        check_probability("dropout", dropout)
         if rotary is not None and rotary.head_dim != head_dim:  # it would rotate the wrong pairs, or fail in torch
             raise AttnlabError(f"the rotary embedding is {rotary.head_dim} wide but each head is {head_dim} wide; "
                                f"build it as RotaryEmbedding({head_dim}, max_positions)")
@@ -320,6 +319,8 @@ class MultiHeadAttention(nn.Module):
         The dropout probability carries over too; masks do not (convert them with ``from_torch_attn_mask`` and
         ``from_key_padding_mask``).
         """
+        if not isinstance(module, nn.MultiheadAttention):
+            raise AttnlabError(f"from_torch takes an nn.MultiheadAttention, got {type(module).__name__}")
         if module.kdim != module.embed_dim or module.vdim != module.embed_dim or module.bias_k is not None \
                 or module.add_zero_attn:
             raise AttnlabError("only an nn.MultiheadAttention with kdim = vdim = embed_dim, no add_bias_kv and no "

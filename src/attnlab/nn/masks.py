@@ -76,8 +76,12 @@ def padding_mask(ids: Tensor, pad_id: int = 0) -> Tensor:
     Returns:
         (batch, 1, 1, seq) bool, True on real tokens.
     """
+    if not isinstance(ids, Tensor):
+        raise AttnlabError(f"token ids must be a (batch, seq) tensor, got {type(ids).__name__}")
     if ids.dim() != 2:
         raise AttnlabError(f"token ids must be (batch, seq), got shape {tuple(ids.shape)}")
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int):  # None compared with a tensor is one False
+        raise AttnlabError(f"pad_id must be a whole number (the id that marks padding), got {pad_id!r}")
     return (ids != pad_id)[:, None, None, :]
 
 
@@ -350,6 +354,12 @@ def _from_torch_mask(mask: Tensor, name: str) -> Tensor:
     return _check_additive(mask, name) > ADDITIVE_HIDDEN_THRESHOLD
 
 
+def values_unreadable(t: Tensor) -> bool:
+    """Whether checks must leave the values of ``t`` (ids, a mask) unread: under ``torch.compile`` reading them
+    would break the graph in two (and fail ``fullgraph=True``), and a ``meta`` tensor (shape inference) has none."""
+    return t.is_meta or torch.compiler.is_compiling()
+
+
 def _check_zero_one(mask: Tensor, name: str, *, additive: str = "from_additive_mask") -> Tensor:
     """``mask`` itself, after checking it holds only 0 and 1 (any bool does); an additive one is pointed to the
     converter ``additive``."""
@@ -358,6 +368,8 @@ def _check_zero_one(mask: Tensor, name: str, *, additive: str = "from_additive_m
         return mask
     if mask.is_complex():
         raise AttnlabError(f"{name} takes a bool, integer or float mask, got {mask.dtype}")
+    if values_unreadable(mask):
+        return mask
     # One pass over the mask at the library boundary (a host sync on GPU), the price of never reading
     # an additive mask as 0/1: 0/-inf read as "1 = keep" is exactly the inverse of what was meant.
     odd = mask[(mask != 0) & (mask != 1)]
@@ -387,6 +399,8 @@ def _check_additive(mask: Tensor, name: str) -> Tensor:
         raise AttnlabError(
             f"{name} takes a floating-point additive mask (0 = attend, -inf = hide), got {mask.dtype}; {hint}"
         )
+    if values_unreadable(mask):
+        return mask
     odd = mask[(mask != 0) & ~(mask <= ADDITIVE_HIDDEN_THRESHOLD)]  # ~(<=) also catches NaN
     if odd.numel():
         value = odd.flatten()[0].item()

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, check_count
 from attnlab.nn.attention import KVCache, restored_on_error
-from attnlab.nn.masks import cached_causal_mask, causal_mask, decoder_self_mask, padding_mask
-from attnlab.nn.stacks import Decoder, Encoder, PositionKind, check_id_batch, values_unreadable
+from attnlab.nn.masks import cached_causal_mask, causal_mask, decoder_self_mask, padding_mask, values_unreadable
+from attnlab.nn.stacks import Decoder, Encoder, PositionKind, check_id_batch
 
 
 def refuse_cached_padding(ids: Tensor, pad_id: int) -> None:
@@ -215,6 +215,7 @@ class EncoderClassifier(_Model):
         super().__init__()
         self.config = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.pad_id = check_pad_id(pad_id, vocab_size, "the vocabulary")
+        check_count("num_classes", num_classes)
         self.encoder = Encoder(
             vocab_size, d_model, num_layers, num_heads, d_ff, max_positions=max_positions, dropout=dropout,
             norm_first=norm_first, positions=positions, scale_embedding=scale_embedding, eps=1e-5,

@@ -12,18 +12,13 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError, check_count
+from attnlab.errors import AttnlabError, check_count, check_probability
 from attnlab.nn.attention import KVCache, head_width, restored_on_error
 from attnlab.nn.layers import DecoderLayer, EncoderLayer
+from attnlab.nn.masks import values_unreadable
 from attnlab.nn.positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions, embedding_scale
 
 PositionKind = Literal["sinusoidal", "learned", "rotary", "none"]
-
-
-def values_unreadable(ids: Tensor) -> bool:
-    """Whether checks must leave the values of ``ids`` unread: under ``torch.compile`` reading them would break
-    the graph in two (and fail ``fullgraph=True``), and a ``meta`` tensor (shape inference) has none."""
-    return ids.is_meta or torch.compiler.is_compiling()
 
 
 def check_token_ids(ids: Tensor, vocab_size: int) -> None:
@@ -97,6 +92,8 @@ class Embedder(nn.Module):
         dropout: float = 0.1,
     ) -> None:
         super().__init__()
+        check_count("vocab_size", vocab_size)
+        check_count("max_positions", max_positions)  # 0 would refuse every input, at the first forward
         self.vocab_size, self.max_positions, self.kind = vocab_size, max_positions, positions
         self.tokens = nn.Embedding(vocab_size, d_model)
         self.positions: nn.Module | None
@@ -109,7 +106,7 @@ class Embedder(nn.Module):
         else:
             raise AttnlabError(f"unknown position kind {positions!r}; use sinusoidal, learned, rotary or none")
         self.scale = embedding_scale(d_model) if scale else 1.0
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(check_probability("dropout", dropout))
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
         """(batch, seq) ids -> (batch, seq, d_model); ``offset`` is the position of the first id."""

@@ -54,7 +54,8 @@ class DecodeSettings:
         if self.beam_size < 1:
             raise AttnlabError(f"beam size must be >= 1, got {self.beam_size}")
         if self.max_len_a < 0 or self.max_len_a + min(self.max_len_b, 1) < 1:  # the shortest source is 1 id (its eos)
-            raise AttnlabError(f"max length a * len + b must allow a token, got a={self.max_len_a}, b={self.max_len_b}")
+            raise AttnlabError(f"--max-len-a {self.max_len_a:g} and --max-len-b {self.max_len_b} allow no token: the "
+                               "longest output is a * source length + b tokens; raise either")
 
 
 def max_lengths(src: Tensor, model: Transformer, a: float, b: int) -> Tensor:
