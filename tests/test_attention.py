@@ -306,6 +306,12 @@ def test_from_torch_refuses_variants_attnlab_has_no_counterpart_for(kwargs):
         MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, **kwargs))
 
 
+def test_a_numpy_dropout_rate_is_a_rate():
+    import numpy as np
+
+    assert MultiHeadAttention(8, 2, dropout=np.float32(0.25)).dropout == pytest.approx(0.25)
+
+
 def test_from_torch_refuses_a_module_that_is_not_torchs_attention():
     with pytest.raises(AttnlabError, match="from_torch takes an nn.MultiheadAttention, got Linear"):
         MultiHeadAttention.from_torch(nn.Linear(2, 2))  # an AttributeError before

@@ -171,7 +171,14 @@ def test_a_leak_shows_past_an_outlying_or_infinite_pad_logit_and_a_correct_model
             return torch.cat((out, out.new_full((*out.shape[:-1], 2 * out.shape[-1]), value)), dim=-1)
         return call
 
-    for value, wrap in [(v, pad_logit) for v in (-1e4, -1e9, -math.inf)] + [(-1e9, masked_slots)]:
+    def added_to_slots(model, value):  # Hugging Face style, logits + -1e4: no two masked values alike
+        def call(ids):
+            out = model(ids)
+            return torch.cat((out, out.repeat(1, 1, 2) + value), dim=-1)
+        return call
+
+    cases = [(v, pad_logit) for v in (-1e4, -1e9, -math.inf)] + [(-1e9, masked_slots), (-1e4, added_to_slots)]
+    for value, wrap in cases:
         leaky = run_checks(wrap(load_model(f"{TORCH_EXAMPLES}:torch_encoder_as_decoder"), value),
                            Contract("decoder"), seeds=2, only=["causal", "order-sensitivity"])
         assert leaky.results[0].status == "fail", (value, leaky.results[0])
@@ -902,6 +909,14 @@ def test_a_model_of_another_kind_is_told_to_check_its_kind():
         run_checks(seq2seq, Contract("decoder", vocab_size=20), seeds=1, only=["causal"])
     with pytest.raises(AttnlabError, match=r"missing 1 required positional argument: 'tgt'; is --kind right\?$"):
         run_checks(nn.DataParallel(seq2seq), Contract("decoder", vocab_size=20), seeds=1)  # torch's wrappers pass it on
+
+    class NoGrad(Transformer):  # and so do torch's decorators
+        @torch.no_grad()
+        def forward(self, src, tgt):
+            return super().forward(src, tgt)
+
+    with pytest.raises(AttnlabError, match=r"is --kind right\?$"):
+        run_checks(NoGrad(20, 20, 8, 1, 2, 16).eval(), Contract("decoder", vocab_size=20), seeds=1)
     lm = DecoderLM(20, 8, 1, 2).eval()
     with pytest.raises(AttnlabError, match=r"cannot be called as a seq2seq is, model\(src, tgt\)"):
         run_checks(lm, Contract("seq2seq", vocab_size=20), seeds=1, only=["causal"])

@@ -176,6 +176,10 @@ def test_padding_mask_refuses_what_is_not_ids_and_a_pad_id():
         padding_mask(IDS, None)  # compared with a tensor, None gave one False, not a mask
     with pytest.raises(AttnlabError, match=r"token ids must be a \(batch, seq\) tensor, got list"):
         padding_mask([[1, 0]])
+    import numpy as np
+
+    for pad_id in (np.int64(0), torch.tensor(0)):  # a tokenizer's or a config's integers are ids too
+        assert torch.equal(padding_mask(IDS, pad_id), padding_mask(IDS, 0))
 
 
 def test_converted_library_masks_work_in_multi_head_attention():

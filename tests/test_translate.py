@@ -138,7 +138,7 @@ def test_an_output_that_would_replace_an_input_or_a_run_file_is_refused_before_a
         (evaluate + [tmp_path], f"error: --hyp-out {tmp_path} is a folder; give a file name to write"),
         (["translate", run, "--input", src, "--output", tmp_path], f"error: --output {tmp_path} is a folder"),
         (["translate", run, "ka", "--max-len-a", "0", "--max-len-b", "0"],
-         "error: --max-len-a 0 and --max-len-b 0 allow no token"),
+         "error: max_len_a 0 and max_len_b 0 (--max-len-a, --max-len-b) allow no token"),
     ]
     for args, said in cases:
         result = CliRunner().invoke(cli, [str(a) for a in args])

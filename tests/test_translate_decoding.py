@@ -131,3 +131,13 @@ def test_leaky_decoder_sees_the_future_under_teacher_forcing_but_not_when_decodi
         assert (not torch.allclose(first, second)) == leaks
     # Free running feeds one token at a time through the cache: no future exists, both decode alike.
     assert greedy_search(leaky, src) == greedy_search(correct, src)
+
+
+@pytest.mark.parametrize(("settings", "said"), [
+    ({"max_len_a": float("nan")}, r"max_len_a \(--max-len-a\) must be a finite number >= 0, got nan"),
+    ({"max_len_a": float("inf")}, "must be a finite number"),  # accepted before: decoding until the cache ran out
+    ({"max_len_a": 0.0, "max_len_b": 0}, r"max_len_a 0 and max_len_b 0 \(--max-len-a, --max-len-b\) allow no token"),
+])
+def test_decode_settings_that_allow_no_length_are_refused_in_the_apis_names_and_the_options(settings, said):
+    with pytest.raises(AttnlabError, match=said):
+        DecodeSettings(**settings)

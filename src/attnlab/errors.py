@@ -8,6 +8,8 @@ prints its message as one line with exit status 2, never a stack trace.
 
 from __future__ import annotations
 
+import numbers
+
 
 class AttnlabError(ValueError):
     """Bad input, described in one line that names the problem."""
@@ -27,7 +29,7 @@ def check_count(name: str, value: object, minimum: int = 1) -> int:
 def check_probability(name: str, value: object) -> float:
     """Return ``value`` if it is a number in [0, 1] (a dropout rate), else raise :class:`AttnlabError`: torch
     says so only at the first forward, or not at all (NaN)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:  # (numpy's too)
         raise AttnlabError(f"{name} must be a probability between 0 and 1, got {value!r}")
     return float(value)
 

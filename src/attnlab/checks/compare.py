@@ -4,9 +4,9 @@ Two outputs ``a`` and ``b`` agree when every entry's difference is within its bo
 ``|a - b| <= atol + rtol * scale``. The bound is relative because logits and hidden states come at any
 scale, and its scale is the entry's **feature's**: the largest finite magnitude that feature (an entry of the
 axes after the positions: a vocabulary logit, a hidden unit; an output of one value per position is one
-feature) takes at any position on either side, and at least the median of those maxima over the features
-(fills left out: features of one value everywhere, the same as another's, as logits masked over part of a
-vocabulary are). An outlying feature therefore widens only its own bound: a pad logit masked to -1e4 or -1e9, or a hidden
+feature) takes at any position on either side, and at least the median over the features of how far each one's
+values spread (a scale that logits masked over most of a vocabulary, -1e9 or -1e4 + logit, cannot inflate). An
+outlying feature therefore widens only its own bound: a pad logit masked to -1e4 or -1e9, or a hidden
 unit of massive activations, would otherwise make every other difference look like rounding (a leaking
 decoder passed). The absolute floor ``atol`` stays: an output near 0 still carries the rounding of the
 larger terms it was computed from (a pooled score of -3e-4 moved by 8e-8). Outputs below it everywhere
@@ -60,7 +60,7 @@ class Tolerance:
         size = a.shape[:position_dims].numel() if position_dims else 1
         magnitude = torch.where(judged, torch.maximum(a.abs(), b.abs()), 0.0).reshape(size, -1)  # (positions, features)
         feature = magnitude.amax(0)  # (features,)
-        scale = torch.maximum(feature, _typical(feature, torch.cat((a.reshape(size, -1), b.reshape(size, -1)))))
+        scale = torch.maximum(feature, _typical(torch.cat((a.reshape(size, -1), b.reshape(size, -1)))))
         return (self.atol + self.rtol * scale).expand_as(magnitude).reshape(a.shape)
 
     def bound(self, a: Tensor, b: Tensor, *, position_dims: int = 1) -> float:
@@ -70,8 +70,8 @@ class Tolerance:
         return float(self.bounds(a, b, judged, position_dims=position_dims).max()) if a.numel() else self.atol
 
     def describe(self) -> str:
-        return (f"|difference| <= {self.atol:g} + {self.rtol:g} x max|that output feature| (at least the features' "
-                "median)")
+        return (f"|difference| <= {self.atol:g} + {self.rtol:g} x max|that output feature| (at least the median "
+                "feature's spread)")
 
     def for_kernels(self, dtype: torch.dtype) -> Tolerance:
         """This tolerance for comparing two *kernels* on outputs of ``dtype``: in bfloat16 (eps 2^-7) or float16
@@ -85,20 +85,15 @@ class Tolerance:
 TOLERANCE = Tolerance()
 
 
-def _typical(feature: Tensor, values: Tensor) -> Tensor:
-    """The median of the features' largest magnitudes ``feature`` (features,), fills left out.
-
-    A fill is a feature holding one value at every position of both outputs (``values``, (positions, features)),
-    the same value as another such feature: logits masked to -1e9 over part of a vocabulary. However many there
-    are, they say nothing of the scale of the others (two thirds of the vocabulary masked made every bound 1e5).
-    """
-    low, high = values.amin(0), values.amax(0)
-    constant = (low == high) | (torch.isnan(low) & torch.isnan(high))
-    fills = torch.zeros_like(constant)
-    if constant.any():
-        kept, counts = torch.unique(high[constant], return_counts=True)
-        fills[constant] = torch.isin(high[constant], kept[counts > 1])
-    return feature[~fills].median() if not fills.all() else feature.median()
+def _typical(values: Tensor) -> Tensor:
+    """The median over the features of how far each one's values spread, ``values`` (positions, features) of
+    both outputs: a scale of what the output varies by that logits masked over most of a vocabulary cannot
+    inflate, whether they hold one fill value (-1e9: no spread) or a fill added to the logits (-1e4 + logit:
+    the logit's spread), as the median of the features' largest magnitudes was (a leaking decoder passed)."""
+    finite = torch.isfinite(values)
+    low = torch.where(finite, values, torch.inf).amin(0)
+    high = torch.where(finite, values, -torch.inf).amax(0)
+    return torch.where(high >= low, high - low, 0.0).median()
 
 
 @dataclass(frozen=True)

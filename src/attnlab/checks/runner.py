@@ -106,11 +106,11 @@ def _refuse_uncallable(mut: ModelUnderTest) -> None:
 
 def _call_mismatch(err: BaseException) -> bool:
     """Whether ``err`` is Python refusing the call's arguments at the model's door, not a TypeError from inside
-    it: the message says so, and below the checks' own call every frame is torch's ``Module.__call__`` or a
-    wrapper's that passes the call on as it came (:data:`PASSING_ON`: ``DataParallel``, ``torch.compile``'s
-    module), or there is none. A submodule called with the wrong arguments inside the model (a mask passed
-    positionally to an ``nn.Sequential``; a ``TransformerDecoderLayer`` in a ``Sequential``, given no memory) is
-    the model's own bug: its frames lie between."""
+    it: the message says so, and below the checks' own call every frame passes the call on as it came
+    (:func:`_passes_on`: ``Module.__call__``, ``DataParallel``, ``torch.compile``'s module, a ``no_grad`` or
+    ``autocast`` decorator), or there is none. A submodule called with the wrong arguments inside the model (a
+    mask passed positionally to an ``nn.Sequential``; a ``TransformerDecoderLayer`` in a ``Sequential``, given no
+    memory) is the model's own bug: its frames, or torch's layers' (``torch/nn/modules/``), lie between."""
     if not (isinstance(err, TypeError) and _WRONG_ARITY.search(str(err))):
         return False
     codes = []
@@ -124,15 +124,18 @@ def _call_mismatch(err: BaseException) -> bool:
     return bool(codes) and (codes[-1] is call or codes[-1] in call.co_consts)
 
 
-#: torch's source files that pass a call on to the model with its arguments as they came.
-PASSING_ON = ("nn/modules/module.py", "nn/parallel/data_parallel.py", "nn/parallel/distributed.py",
-              "_dynamo/eval_frame.py")
 _TORCH = Path(torch.__file__).resolve().parent
 
 
 def _passes_on(code: CodeType) -> bool:
-    """Whether ``code`` is in one of the files of :data:`PASSING_ON`."""
-    return any(Path(code.co_filename).resolve() == _TORCH / name for name in PASSING_ON)
+    """Whether ``code`` passes a call on to the model with its arguments as they came: torch's own, but for its
+    layers (``torch/nn/modules/``: a ``Sequential`` calls its layers with arguments of its own), whose
+    ``Module.__call__`` alone passes the call on."""
+    path = Path(code.co_filename).resolve()
+    if not path.is_relative_to(_TORCH):
+        return False
+    inside = path.relative_to(_TORCH).parts
+    return inside[:2] != ("nn", "modules") or inside[2:] == ("module.py",)
 
 
 def _stopped(name: str, mut: ModelUnderTest, what: str, evidence: dict[str, Any]) -> CheckResult:

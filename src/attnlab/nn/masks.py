@@ -55,6 +55,7 @@ rank (HF's 4-D masks, seed 000's (1, 3) mask for (1, 3) scores).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -80,9 +81,7 @@ def padding_mask(ids: Tensor, pad_id: int = 0) -> Tensor:
         raise AttnlabError(f"token ids must be a (batch, seq) tensor, got {type(ids).__name__}")
     if ids.dim() != 2:
         raise AttnlabError(f"token ids must be (batch, seq), got shape {tuple(ids.shape)}")
-    if isinstance(pad_id, bool) or not isinstance(pad_id, int):  # None compared with a tensor is one False
-        raise AttnlabError(f"pad_id must be a whole number (the id that marks padding), got {pad_id!r}")
-    return (ids != pad_id)[:, None, None, :]
+    return (ids != _as_pad_id(pad_id))[:, None, None, :]
 
 
 def causal_mask(num_queries: int, num_keys: int | None = None, device: torch.device | str | None = None) -> Tensor:
@@ -352,6 +351,17 @@ def _from_torch_mask(mask: Tensor, name: str) -> Tensor:
             "a 0/1 integer mask converts with from_keep_mask (1 = attend) or from_hide_mask (1 = hide)"
         )
     return _check_additive(mask, name) > ADDITIVE_HIDDEN_THRESHOLD
+
+
+def _as_pad_id(value: object) -> int:
+    """``value`` as an int if it is a Python, numpy or 0-d tensor integer (not a bool), else an AttnlabError: None
+    compared with a tensor of ids is one False, not a mask."""
+    try:
+        if not isinstance(value, bool):
+            return operator.index(value)
+    except TypeError:
+        pass
+    raise AttnlabError(f"pad_id must be a whole number (the id that marks padding), got {value!r}")
 
 
 def values_unreadable(t: Tensor) -> bool:

@@ -53,9 +53,12 @@ class DecodeSettings:
     def __post_init__(self) -> None:
         if self.beam_size < 1:
             raise AttnlabError(f"beam size must be >= 1, got {self.beam_size}")
-        if self.max_len_a < 0 or self.max_len_a + min(self.max_len_b, 1) < 1:  # the shortest source is 1 id (its eos)
-            raise AttnlabError(f"--max-len-a {self.max_len_a:g} and --max-len-b {self.max_len_b} allow no token: the "
-                               "longest output is a * source length + b tokens; raise either")
+        if not (math.isfinite(self.max_len_a) and self.max_len_a >= 0):
+            raise AttnlabError(f"max_len_a (--max-len-a) must be a finite number >= 0, got {self.max_len_a}")
+        if self.max_len_a + min(self.max_len_b, 1) < 1:  # the shortest source is 1 id (its eos)
+            raise AttnlabError(f"max_len_a {self.max_len_a:g} and max_len_b {self.max_len_b} (--max-len-a, --max-len-b) "
+                               "allow no token for a source of one id: the longest output is a * source length + b "
+                               "tokens; give a + b >= 1")
 
 
 def max_lengths(src: Tensor, model: Transformer, a: float, b: int) -> Tensor:
