@@ -180,6 +180,9 @@ def test_padding_mask_refuses_what_is_not_ids_and_a_pad_id():
 
     for pad_id in (np.int64(0), torch.tensor(0)):  # a tokenizer's or a config's integers are ids too
         assert torch.equal(padding_mask(IDS, pad_id), padding_mask(IDS, 0))
+    for pad_id in (torch.tensor(True), torch.tensor([0]), torch.tensor(0.0), True):  # not one whole number
+        with pytest.raises(AttnlabError, match="pad_id must be a whole number"):
+            padding_mask(IDS, pad_id)
 
 
 def test_converted_library_masks_work_in_multi_head_attention():

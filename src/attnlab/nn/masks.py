@@ -356,8 +356,10 @@ def _from_torch_mask(mask: Tensor, name: str) -> Tensor:
 def _as_pad_id(value: object) -> int:
     """``value`` as an int if it is a Python, numpy or 0-d tensor integer (not a bool), else an AttnlabError: None
     compared with a tensor of ids is one False, not a mask."""
+    tensor_ok = not isinstance(value, Tensor) or (value.dim() == 0 and not value.is_meta and (
+        not value.is_floating_point() and value.dtype != torch.bool))
     try:
-        if not isinstance(value, bool):
+        if not isinstance(value, bool) and tensor_ok:
             return operator.index(value)
     except TypeError:
         pass

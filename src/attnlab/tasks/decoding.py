@@ -20,6 +20,7 @@ length counts its ``<eos>``), and never past the decoder's position table. The r
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -53,8 +54,10 @@ class DecodeSettings:
     def __post_init__(self) -> None:
         if self.beam_size < 1:
             raise AttnlabError(f"beam size must be >= 1, got {self.beam_size}")
-        if not (math.isfinite(self.max_len_a) and self.max_len_a >= 0):
-            raise AttnlabError(f"max_len_a (--max-len-a) must be a finite number >= 0, got {self.max_len_a}")
+        if not (isinstance(self.max_len_a, numbers.Real) and math.isfinite(self.max_len_a) and self.max_len_a >= 0):
+            raise AttnlabError(f"max_len_a (--max-len-a) must be a finite number >= 0, got {self.max_len_a!r}")
+        if isinstance(self.max_len_b, bool) or not isinstance(self.max_len_b, numbers.Integral) or self.max_len_b < 0:
+            raise AttnlabError(f"max_len_b (--max-len-b) must be a whole number >= 0, got {self.max_len_b!r}")
         if self.max_len_a + min(self.max_len_b, 1) < 1:  # the shortest source is 1 id (its eos)
             raise AttnlabError(f"max_len_a {self.max_len_a:g} and max_len_b {self.max_len_b} (--max-len-a, --max-len-b) "
                                "allow no token for a source of one id: the longest output is a * source length + b "
