@@ -136,14 +136,14 @@ def difference(a: Tensor, b: Tensor, *, position_dims: int = 1, tolerance: Toler
     """
     if a.shape != b.shape:
         raise ValueError(f"outputs of shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be compared")
+    if a.numel() == 0:
+        return Difference(0.0, 0.0, [], finite=False)
     a, b = a.detach().double(), b.detach().double()
     judged = torch.isfinite(a) & torch.isfinite(b)
     alike = (a == b) | (torch.isnan(a) & torch.isnan(b))  # non-finite alike on both sides: left out
     diff = torch.where(judged, (a - b).abs(), torch.where(alike, 0.0, float("inf")))
     bound = tolerance.bounds(a, b, judged, position_dims=position_dims)
     over = diff > bound
-    if diff.numel() == 0:
-        return Difference(0.0, 0.0, [], finite=False)
     worst = int(torch.where(over, diff, -1.0).argmax()) if over.any() else int(diff.argmax())
     positions: list[list[int]] = []
     if position_dims and diff.dim() >= position_dims:

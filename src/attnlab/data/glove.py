@@ -134,14 +134,10 @@ def _floats(fields: list[str]) -> np.ndarray:
         return np.array(fields, dtype=np.float32)
 
 
-def _holds_spaces(line: str, width: int) -> bool:
-    """Whether a line of more than ``width`` fields is a word holding spaces (glove.840B.300d has ``. . .`` and
-    ``at name@domain.com``), not a vector too long: no field of the word is a number."""
-    for field in _word_and_values(line, width)[0].split()[1:]:
-        try:
-            float(field)
-        except ValueError:
-            continue
+def _is_number(field: str) -> bool:
+    try:
+        float(field)
+    except ValueError:
         return False
     return True
 
@@ -150,18 +146,20 @@ def _trailing_numbers(fields: list[str]) -> int:
     """How many of ``fields``, counted from the end, are numbers."""
     count = 0
     for field in reversed(fields):
-        try:
-            float(field)
-        except ValueError:
+        if not _is_number(field):
             break
         count += 1
     return count
 
 
-def _word_and_values(line: str, width: int) -> tuple[str, str]:
-    """A line's word, which may hold spaces, and its last ``width`` fields (the vector), joined by spaces."""
-    parts = line.rsplit(None, width)
-    return parts[0], " ".join(parts[1:])
+def _word_holding_spaces(line: str, width: int) -> tuple[str, str] | None:
+    """A line of more than ``width`` fields split into its word, which holds spaces (glove.840B.300d has ``. . .``
+    and ``at name@domain.com``), and its last ``width`` fields (the vector) joined by spaces; None when a field of
+    the word is a number (a vector too long, not a word holding spaces)."""
+    word, *values = line.rsplit(None, width)
+    if any(_is_number(field) for field in word.split()[1:]):
+        return None
+    return word, " ".join(values)
 
 
 def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) -> WordVectors:
@@ -200,8 +198,9 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
                     # A first word holding spaces (see below): its width is the file name's or --dim, else the
                     # line's trailing numbers
                     known = requested if requested is not None else _trailing_numbers(fields)
-                    if 0 < known < len(fields) and _holds_spaces(line, known):
-                        word, rest = _word_and_values(line, known)
+                    split = _word_holding_spaces(line, known) if 0 < known < len(fields) else None
+                    if split is not None:
+                        word, rest = split
                         fields = rest.split()
                     width = len(fields)
                     if width == 0:
@@ -219,9 +218,9 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
                 n = rest.count(" ") + 1 if rest else 0
                 if n != width:
                     n = len(rest.split())
-                    if n > width and _holds_spaces(line, width):
-                        word, rest = _word_and_values(line, width)
-                        n = width
+                    split = _word_holding_spaces(line, width) if n > width else None
+                    if split is not None:
+                        (word, rest), n = split, width
                     if n != width:
                         raise AttnlabError(f"{path}:{lineno}: {n} values after {word[:40]!r}, but the file's "
                                            f"first vector has {width}; not a consistent GloVe file")

@@ -356,14 +356,14 @@ def _from_torch_mask(mask: Tensor, name: str) -> Tensor:
 def _as_pad_id(value: object) -> int:
     """``value`` as an int if it is a Python, numpy or 0-d tensor integer (not a bool), else an AttnlabError: None
     compared with a tensor of ids is one False, not a mask."""
-    tensor_ok = not isinstance(value, Tensor) or (value.dim() == 0 and not value.is_meta and (
-        not value.is_floating_point() and value.dtype != torch.bool))
+    refused = AttnlabError(f"pad_id must be a whole number (the id that marks padding), got {value!r}")
+    if isinstance(value, bool) or isinstance(value, Tensor) and (
+            value.dim() or value.is_meta or value.dtype == torch.bool or value.is_floating_point()):
+        raise refused
     try:
-        if not isinstance(value, bool) and tensor_ok:
-            return operator.index(value)
+        return operator.index(value)
     except TypeError:
-        pass
-    raise AttnlabError(f"pad_id must be a whole number (the id that marks padding), got {value!r}")
+        raise refused from None
 
 
 def values_unreadable(t: Tensor) -> bool:
