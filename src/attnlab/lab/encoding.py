@@ -8,6 +8,7 @@ matrix with one matmul and the distance matrix with ``torch.cdist``.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -95,6 +96,26 @@ def seed_gap() -> float:
     return float(torch.linalg.vector_norm(pe[0] - pe[GAP_K]))
 
 
+@dataclass
+class _Width:
+    """The two properties measured at one encoding width over every position (float64).
+
+    Attributes:
+        d: the width.
+        norms: (P,) the norm of every row.
+        gaps: (P - GAP_K,) the distance from every row to the row ``GAP_K`` positions on.
+    """
+
+    d: int
+    norms: torch.Tensor
+    gaps: torch.Tensor
+
+    @classmethod
+    def measure(cls, max_length: int, d: int) -> _Width:
+        _, norms, gaps = _norms_and_gaps(max_length, d, GAP_K)
+        return cls(d, norms, gaps)
+
+
 def properties_section(d: int, max_length: int) -> Section:
     """Section 2: constant norm sqrt(d/2), gap distances that depend on the gap only, and an odd width.
 
@@ -106,24 +127,52 @@ def properties_section(d: int, max_length: int) -> Section:
     gap_at = [p for p in GAP_POSITIONS if p + GAP_K < max_length]
     # The two properties are exact at an even width and drift at an odd one, whose last dimension is a sine
     # with no cosine partner: measure the loaded width and its neighbour of the other parity.
-    d_even, d_odd = (d, d + 1) if d % 2 == 0 else (d - 1, d)
-    reference = math.sqrt(d_even / 2)
-    _, norms, gaps = _norms_and_gaps(max_length, d_even, GAP_K)
-    _, odd_norms, odd_gaps = _norms_and_gaps(max_length, d_odd, GAP_K)
-    pe = sinusoidal_encoding(max_length, d, dtype=torch.float64)  # (P, d): the width section 3 adds
+    even, odd = (_Width.measure(max_length, w) for w in ((d, d + 1) if d % 2 == 0 else (d - 1, d)))
+    reference = math.sqrt(even.d / 2)
+    body = _exact_facts(d, max_length, even, odd, norm_at, gap_at)
+    odd_body, peak_position = _odd_width(max_length, even, odd)
+    pairs_body, pairs_numbers = _every_pair(d, max_length)
+    body += odd_body + pairs_body
 
-    gram = pe @ pe.T  # (P, P): every encoding's dot product with every other, one matmul
-    # The exact (non-matmul) cdist path keeps the diagonal at exactly 0.
-    dist = torch.cdist(pe[None], pe[None], compute_mode="donot_use_mm_for_euclid_dist")[0]  # (P, P)
+    numbers = {
+        "d": d,
+        "even_d": even.d,
+        "positions": max_length,
+        "sqrt_half_d": reference,
+        "seed_width": {"d": SEED_WIDTH, "sqrt_half_d": math.sqrt(SEED_WIDTH / 2), "gap_distance": seed_gap()},
+        "norms": _at(even.norms, norm_at),
+        "norm_spread": _spread(even.norms),
+        "gap_distances": {"k": GAP_K, "values": _at(even.gaps, gap_at), "spread": _spread(even.gaps)},
+        "odd": {
+            "d": odd.d,
+            "norms": _at(odd.norms, norm_at),
+            "norm_min": float(odd.norms.min()),
+            "norm_max": float(odd.norms.max()),
+            "norm_spread": _spread(odd.norms),
+            "gap_distances": {"k": GAP_K, "values": _at(odd.gaps, gap_at), "spread": _spread(odd.gaps)},
+            "norm_limit": math.sqrt(odd.d // 2 + 1),
+            "norm_limit_position": peak_position,
+        },
+        **pairs_numbers,
+    }
+    highlights = [
+        (f"norm of PE rows (d={even.d})", f"{fmt(even.norms[0], 6)} = sqrt(d/2), spread {_spread(even.norms):.1e}"),
+        (f"gap-{GAP_K} distance (d={even.d})", f"{fmt(even.gaps[0], 6)}, spread {_spread(even.gaps):.1e}"),
+        (f"odd d={odd.d}", f"norm spread {_spread(odd.norms):.1e}, gap spread {_spread(odd.gaps):.1e}"),
+    ]
+    return Section("encoding", "Properties of the encoding", numbers, body, highlights)
 
+
+def _exact_facts(d: int, max_length: int, even: _Width, odd: _Width, norm_at: list[int], gap_at: list[int]) -> str:
+    """The norm and the gap distance at the seed's positions, at the even width and the odd one beside it."""
     body = para(
         f"From here the encoding width follows the word vectors of section 3: <b>d = {d}</b>, over",
         f"<b>{max_length}</b> positions (the padded sentence length). Each sine/cosine pair contributes",
         "sin&sup2; + cos&sup2; = 1 to the squared norm, so at an even width every row should have norm",
-        f"sqrt(d/2) = {fmt(reference, 6)}" + (f" (at d = {d_even})." if d_even != d else "."),
+        f"sqrt(d/2) = {fmt(math.sqrt(even.d / 2), 6)}" + (f" (at d = {even.d})." if even.d != d else "."),
     )
-    if d_even != d:
-        body += para(f"d = {d} is odd, so the exact facts are measured at d = {d_even} beside it, and the loaded",
+    if even.d != d:
+        body += para(f"d = {d} is odd, so the exact facts are measured at d = {even.d} beside it, and the loaded",
                      "width is the odd case below.")
     if d != SEED_WIDTH:  # the seed's figures come from its 100-wide GloVe; say so rather than let them clash
         body += para(
@@ -133,40 +182,53 @@ def properties_section(d: int, max_length: int) -> Section:
             "that nothing has to be downloaded); <code>attnlab lab --glove glove.6B.100d.txt</code> gives the",
             "seed's width in this section and the next.",
         )
-    body += table(["position", f"||PE[pos]||, d = {d_even}", f"||PE[pos]||, d = {d_odd}"],
-                  [(p, fmt(norms[p], 6), fmt(odd_norms[p], 6)) for p in norm_at])
+    body += table(["position", f"||PE[pos]||, d = {even.d}", f"||PE[pos]||, d = {odd.d}"],
+                  [(p, fmt(even.norms[p], 6), fmt(odd.norms[p], 6)) for p in norm_at])
     body += para(
         f"The distance across a fixed gap of k = {GAP_K} should not depend on where the gap sits:",
     )
-    body += table(["pos", f"||PE[pos] - PE[pos+{GAP_K}]||, d = {d_even}", f"same, d = {d_odd}"],
-                  [(p, fmt(gaps[p], 6), fmt(odd_gaps[p], 6)) for p in gap_at])
-    body += heading(f"An odd width weakens both facts (d = {d_odd})")
+    body += table(["pos", f"||PE[pos] - PE[pos+{GAP_K}]||, d = {even.d}", f"same, d = {odd.d}"],
+                  [(p, fmt(even.gaps[p], 6), fmt(odd.gaps[p], 6)) for p in gap_at])
+    return body
+
+
+def _odd_width(max_length: int, even: _Width, odd: _Width) -> tuple[str, float]:
+    """How far both properties drift at the odd width, against the even one; also the position of the norm's peak."""
+    body = heading(f"An odd width weakens both facts (d = {odd.d})")
     # The unpaired last column is sin(pos / 10000^((d_odd - 1) / d_odd)), the slowest of all: its sine
     # first reaches 1, and the norm its largest value, at this position.
-    slowest = 10000.0 ** ((d_odd - 1) / d_odd)
+    slowest = 10000.0 ** ((odd.d - 1) / odd.d)
     peak_position = math.pi / 2 * slowest
     body += para(
-        f"With d = {d_odd} the last dimension is a sine with no cosine partner, so the squared norm is",
-        f"{d_odd // 2} + sin&sup2;(pos / {slowest:,.0f}): it drifts from sqrt({d_odd // 2}) = {fmt(math.sqrt(d_odd // 2), 4)}",
-        f"up to sqrt({d_odd // 2 + 1}) = {fmt(math.sqrt(d_odd // 2 + 1), 4)}, reached near position {peak_position:,.0f}.",
+        f"With d = {odd.d} the last dimension is a sine with no cosine partner, so the squared norm is",
+        f"{odd.d // 2} + sin&sup2;(pos / {slowest:,.0f}): it drifts from sqrt({odd.d // 2}) = {fmt(math.sqrt(odd.d // 2), 4)}",
+        f"up to sqrt({odd.d // 2 + 1}) = {fmt(math.sqrt(odd.d // 2 + 1), 4)}, reached near position {peak_position:,.0f}.",
         "The gap distance picks up a position-dependent term the same way. That column is the slowest one,",
         f"so over {max_length} positions the drift is small; measured over all of them:",
     )
     body += table(
         ["width", "norm: min", "norm: max", "norm spread", f"gap-{GAP_K} distance spread"],
-        [(f"d = {d_even}", fmt(norms.min(), 6), fmt(norms.max(), 6), f"{_spread(norms):.2e}", f"{_spread(gaps):.2e}"),
-         (f"d = {d_odd}", fmt(odd_norms.min(), 6), fmt(odd_norms.max(), 6), f"{_spread(odd_norms):.2e}",
-          f"{_spread(odd_gaps):.2e}")],
+        [(f"d = {w.d}", fmt(w.norms.min(), 6), fmt(w.norms.max(), 6), f"{_spread(w.norms):.2e}", f"{_spread(w.gaps):.2e}")
+         for w in (even, odd)],
     )
     body += figure(
-        figures.property_curves({f"d = {d_even}": norms.numpy(), f"d = {d_odd}": odd_norms.numpy()},
-                                {f"d = {d_even}": gaps.numpy(), f"d = {d_odd}": odd_gaps.numpy()}, GAP_K),
+        figures.property_curves({f"d = {w.d}": w.norms.numpy() for w in (even, odd)},
+                                {f"d = {w.d}": w.gaps.numpy() for w in (even, odd)}, GAP_K),
         "log-scale drift of the norm and of the gap distance with position, for an even and an odd width",
         "How far each property drifts from its value at position 0 (log scale). Even width: rounding noise "
         "only, the properties are exact. Odd width: both drift, orders of magnitude above the noise, "
         "growing with the position.",
     )
-    body += heading(f"Every position against every other (d = {d})")
+    return body, peak_position
+
+
+def _every_pair(d: int, max_length: int) -> tuple[str, dict[str, dict]]:
+    """The Gram and distance matrices of the loaded width's encoding, their two checks and figure."""
+    pe = sinusoidal_encoding(max_length, d, dtype=torch.float64)  # (P, d): the width section 3 adds
+    gram = pe @ pe.T  # (P, P): every encoding's dot product with every other, one matmul
+    # The exact (non-matmul) cdist path keeps the diagonal at exactly 0.
+    dist = torch.cdist(pe[None], pe[None], compute_mode="donot_use_mm_for_euclid_dist")[0]  # (P, P)
+    body = heading(f"Every position against every other (d = {d})")
     if d % 2 == 0:
         body += para(
             "PE PE<sup>T</sup> is a Gram matrix (dot products), a fixed multiple d/2 of the cosine similarities",
@@ -192,33 +254,9 @@ def properties_section(d: int, max_length: int) -> Section:
                    "Left: the dot products peak (yellow) on the diagonal, where a vector meets itself. Right: the "
                    "distances are 0 on the diagonal and grow away from it. Neither is "
                    "monotone far from the diagonal, where individual components drift back into phase.")
-
     numbers = {
-        "d": d,
-        "even_d": d_even,
-        "positions": max_length,
-        "sqrt_half_d": reference,
-        "seed_width": {"d": SEED_WIDTH, "sqrt_half_d": math.sqrt(SEED_WIDTH / 2), "gap_distance": seed_gap()},
-        "norms": _at(norms, norm_at),
-        "norm_spread": _spread(norms),
-        "gap_distances": {"k": GAP_K, "values": _at(gaps, gap_at), "spread": _spread(gaps)},
-        "odd": {
-            "d": d_odd,
-            "norms": _at(odd_norms, norm_at),
-            "norm_min": float(odd_norms.min()),
-            "norm_max": float(odd_norms.max()),
-            "norm_spread": _spread(odd_norms),
-            "gap_distances": {"k": GAP_K, "values": _at(odd_gaps, gap_at), "spread": _spread(odd_gaps)},
-            "norm_limit": math.sqrt(d_odd // 2 + 1),
-            "norm_limit_position": peak_position,
-        },
         "gram": {"shape": list(gram.shape), "diagonal": float(gram[0, 0]), "symmetric": symmetric},
         "distance": {"shape": list(dist.shape), "max": float(dist.max()), "diagonal_max": float(dist.diagonal().max())},
     }
-    highlights = [
-        (f"norm of PE rows (d={d_even})", f"{fmt(norms[0], 6)} = sqrt(d/2), spread {_spread(norms):.1e}"),
-        (f"gap-{GAP_K} distance (d={d_even})", f"{fmt(gaps[0], 6)}, spread {_spread(gaps):.1e}"),
-        (f"odd d={d_odd}", f"norm spread {_spread(odd_norms):.1e}, gap spread {_spread(odd_gaps):.1e}"),
-    ]
-    return Section("encoding", "Properties of the encoding", numbers, body, highlights)
+    return body, numbers
 

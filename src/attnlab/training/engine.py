@@ -436,6 +436,45 @@ class Trainer:
             stop = bool(patience and self.state["evals_without_improvement"] >= patience)
         return distributed.broadcast_flag(stop, self.place)
 
+    def _progress_bar(self) -> Any:
+        """A tqdm bar over the steps on rank 0 when the run asks for progress, else None."""
+        if not (self.place.is_main and self.config.progress):
+            return None
+        from tqdm.auto import tqdm
+
+        # disable=None: no bar when stderr is not a terminal (a log file, CI), whose lines it would fill
+        return tqdm(total=self.config.max_steps, initial=self.state["step"], unit="step", dynamic_ncols=True,
+                    disable=None)
+
+    def _settle_resumed_end(self) -> tuple[bool, bool]:
+        """Whether a (resumed) run has already spent its time budget, and whether early stopping ended it.
+
+        Decided once, from the counters every process loaded from the checkpoint: in the loop each process's
+        clock differs a little, and the broadcast out_of_time flag is what stops them all at the same step. A run
+        that reached max_steps with its patience spent at the last evaluation was not stopped early, and may be
+        given more steps. A run resumed where it ends, at a checkpoint no evaluation was made at (written every
+        N steps, the run then given exactly that many, or a smaller budget), gets here the evaluation of its last
+        step that the loop would have made, so that it keeps evaluated weights and reports them.
+        """
+        step = self.state["step"]
+        spent = bool(self.config.max_seconds and self.state["elapsed"] >= self.config.max_seconds
+                     and step < self.config.max_steps)
+        stopped_early = bool(self.state.get("stopped_early"))
+        # (checkpoints from before "evaluated_step": an evaluation that kept the weights of this step says so)
+        evaluated = self.state.get("evaluated_step", self.state["best"].get("step"))
+        if (spent or step >= self.config.max_steps) and not stopped_early and evaluated != step:
+            self._evaluate()
+            self._checkpoint()
+        return spent, stopped_early
+
+    def _log_window(self, loss: float, rate: float, first_window: bool, bar: Any) -> None:
+        """Log the step just taken with the tokens/s of the window of steps it ends (and show it on the bar)."""
+        lr = self.schedule(self.state["step"] - 1)
+        self._log({"step": self.state["step"], "loss": loss, "lr": lr, "tokens_per_second": rate,
+                   "elapsed": self.state["elapsed"], **({"first_window": True} if first_window else {})})
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{rate:,.0f}")
+
     def fit(self, resume: bool = False, on_resumed: Callable[[], None] | None = None) -> TrainResult:
         """Train until ``max_steps``, the time budget or early stopping; return the summary.
 
@@ -452,33 +491,13 @@ class Trainer:
                 on_resumed()
         elif self.place.is_main:
             self.metrics_path.unlink(missing_ok=True)
-        bar = None
-        if self.place.is_main and cfg.progress:
-            from tqdm.auto import tqdm
-
-            # disable=None: no bar when stderr is not a terminal (a log file, CI), whose lines it would fill
-            bar = tqdm(total=cfg.max_steps, initial=self.state["step"], unit="step", dynamic_ncols=True, disable=None)
+        bar = self._progress_bar()
         batches = self._micro_batches()
-        stopped_early = False
         started = time.perf_counter() - self.state["elapsed"]
         window_start, window_tokens = time.perf_counter(), 0
         first_window = True  # holds this start's warm-up (and compilation): rates leave it out
         try:
-            # A resumed run that had spent its time budget takes no further step. Decided once, from the counters
-            # every process loaded from the checkpoint: in the loop each process's clock differs a little, and the
-            # broadcast out_of_time flag below is what stops them all at the same step.
-            spent = bool(cfg.max_seconds and self.state["elapsed"] >= cfg.max_seconds and self.state["step"] < cfg.max_steps)
-            # Likewise one that early stopping ended (recorded as such: a run that reached max_steps with its patience
-            # spent at the last evaluation was not stopped early, and may be given more steps).
-            stopped_early = bool(self.state.get("stopped_early"))
-            # (checkpoints from before "evaluated_step": an evaluation that kept the weights of this step says so)
-            evaluated = self.state.get("evaluated_step", self.state["best"].get("step"))
-            if (spent or self.state["step"] >= cfg.max_steps) and not stopped_early and evaluated != self.state["step"]:
-                # Resumed where the run ends, at a checkpoint no evaluation was made at (written every N steps, the
-                # run then given exactly that many, or a smaller budget): the evaluation of a last step, which the
-                # loop below would have made, is made here, so that the run keeps evaluated weights and reports them.
-                self._evaluate()
-                self._checkpoint()
+            spent, stopped_early = self._settle_resumed_end()
             while not spent and not stopped_early and self.state["step"] < cfg.max_steps:
                 micro = [next(batches) for _ in range(cfg.grad_accum)]
                 loss, tokens = self._step(micro)
@@ -490,14 +509,8 @@ class Trainer:
                 step = self.state["step"]
                 if step % cfg.log_every == 0 or step == cfg.max_steps:
                     now = time.perf_counter()
-                    rate = window_tokens / max(now - window_start, 1e-9)
-                    window_start, window_tokens = now, 0
-                    lr = self.schedule(step - 1)
-                    self._log({"step": step, "loss": loss, "lr": lr, "tokens_per_second": rate,
-                               "elapsed": self.state["elapsed"], **({"first_window": True} if first_window else {})})
-                    first_window = False
-                    if bar is not None:
-                        bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{rate:,.0f}")
+                    self._log_window(loss, window_tokens / max(now - window_start, 1e-9), first_window, bar)
+                    window_start, window_tokens, first_window = now, 0, False
                 if bar is not None:
                     bar.update(1)
                 out_of_time = bool(cfg.max_seconds and self.state["elapsed"] >= cfg.max_seconds)
