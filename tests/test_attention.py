@@ -253,6 +253,18 @@ def test_a_cache_refuses_positions_of_another_batch():
     assert len(cache) == 3  # unchanged by the refused call
 
 
+def test_a_cache_truncates_to_a_length_and_refuses_a_negative_one():
+    mha, cache = MultiHeadAttention(8, 2).eval(), KVCache()
+    mha(torch.randn(1, 3, 8), cache=cache)
+    with pytest.raises(AttnlabError, match="length must be a whole number >= 0, got -1"):
+        cache.truncate(-1)  # as a slice it would drop the last position
+    assert len(cache) == 3
+    cache.truncate(2)
+    assert len(cache) == 2
+    cache.truncate(0)
+    assert len(cache) == 0 and cache.k is None
+
+
 def test_rotary_attention_refuses_memory_instead_of_dropping_its_positions():
     mha = MultiHeadAttention(8, 2, rotary=RotaryEmbedding(4, 16)).eval()
     assert mha(torch.randn(1, 5, 8))[0].shape == (1, 5, 8)

@@ -279,3 +279,14 @@ def test_a_mask_of_one_key_is_refused_for_scores_of_several_keys_not_broadcast_o
         mha(x, attend_mask=torch.ones(2, 1, 1, 1, dtype=torch.bool))
     out, _ = mha(x[:, :1], x, attend_mask=torch.ones(2, 1, 1, 5, dtype=torch.bool))  # one query: its axis may be 1
     assert out.shape == (2, 1, 8)
+
+
+@pytest.mark.parametrize("convert", [from_keep_mask, from_hf_attention_mask])
+def test_a_float_keep_mask_of_zeros_only_is_refused_as_possibly_additive(convert):
+    no_padding = torch.zeros(2, 3)  # torch's float key_padding_mask of a batch without padding: hides nothing
+    with pytest.raises(AttnlabError, match=r"float32 mask is all 0, which would hide every key; an additive mask"):
+        convert(no_padding)
+    assert not convert(torch.zeros(2, 3, dtype=torch.long)).any()  # an integer one is unambiguous: all hidden
+    assert not convert(torch.zeros(2, 3, dtype=torch.bool)).any()
+    assert convert(torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])).sum() == 1  # some zeros: 0/1 as before
+    assert from_additive_mask(no_padding).all()  # where it belongs

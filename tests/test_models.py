@@ -346,6 +346,26 @@ def test_a_model_built_on_the_meta_device_runs_shapes_and_loads_its_weights_afte
     torch.testing.assert_close(empty(ids), made(ids), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("make, output, embedding", [
+    (lambda: DecoderLM(20, 16, 2, 2, max_positions=8), "lm_head", "body.embed.tokens"),
+    (lambda: Transformer(20, 22, 16, 1, 2, 32, tie_output=True), "output", "decoder.embed.tokens"),
+])
+def test_reset_parameters_after_to_empty_ties_the_output_matrix_to_the_embedding_again(make, output, embedding):
+    made = make()
+    with torch.device("meta"):
+        empty = make()
+    empty.to_empty(device="cpu")  # a parameter each for the output and the embedding: untied
+    for module in empty.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    empty.load_state_dict(made.state_dict())
+    assert empty.get_submodule(output).weight is empty.get_submodule(embedding).weight
+    assert empty.num_parameters() == made.num_parameters()
+    untied = Transformer(20, 22, 16, 1, 2, 32)  # a model that does not tie keeps two matrices
+    untied.reset_parameters()
+    assert untied.output.weight is not untied.decoder.embed.tokens.weight
+
+
 def test_tied_and_shared_embeddings():
     model = Transformer(40, 40, 16, 1, 2, 32, share_embeddings=True, tie_output=True)
     assert model.output.weight is model.encoder.embed.tokens.weight
@@ -491,3 +511,17 @@ def test_the_models_export_with_dynamic_batch_and_length_and_compute_what_they_d
         other = [torch.randint(1, 19, (3, n)) for n in (13, 4)[: len(example)]]
         other[0][1, 2:] = 0
         torch.testing.assert_close(exported(*other), model(*other), rtol=1e-5, atol=1e-5)
+
+
+def test_masked_mean_takes_its_padding_mask_by_keyword_and_refuses_one_of_another_convention():
+    from attnlab.nn.models import masked_mean
+
+    states = torch.tensor([[[1.0], [3.0], [100.0]]])  # (1, 3, 1), the last position padding
+    keep = torch.tensor([[[[True, True, False]]]])
+    assert masked_mean(states, attend_mask=keep).item() == 2.0
+    with pytest.raises(TypeError):
+        masked_mean(states, keep)  # positional: a mask could land on the wrong parameter
+    with pytest.raises(AttnlabError, match="attend_mask must be torch.bool"):
+        masked_mean(states, attend_mask=torch.tensor([[[[0.0, 0.0, float("-inf")]]]]))  # additive
+    with pytest.raises(AttnlabError, match="rank 2"):
+        masked_mean(states, attend_mask=torch.tensor([[True, True, False]]))

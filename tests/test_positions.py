@@ -103,3 +103,19 @@ def test_rotary_turns_pair_2j_2j_plus_1_by_position_times_base_to_the_minus_2j_o
         want = torch.zeros(h)
         want[2 * j], want[2 * j + 1] = math.cos(angle), math.sin(angle)
         torch.testing.assert_close(rotary(x, position)[0, 0, 0], want, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: sinusoidal_angles(2.5, 3), "num_positions must be a whole number >= 0, got 2.5"),
+    (lambda: sinusoidal_encoding(4, True), "d must be a whole number >= 1, got True"),
+    (lambda: SinusoidalPositions(0, 6), "max_positions must be a whole number >= 1, got 0"),
+    (lambda: LearnedPositions(0, 6), "max_positions must be a whole number >= 1, got 0"),
+    (lambda: LearnedPositions(4, 6.0), "d must be a whole number >= 1, got 6.0"),
+    (lambda: SinusoidalPositions(4, 6)(True), "takes a length and an offset"),
+    (lambda: LearnedPositions(4, 6)(2, offset=False), "takes a length and an offset"),
+    (lambda: RotaryEmbedding(4, 8)(torch.ones(1, 1, 3, 2)), r"rotates \(..., seq, 4\) queries and keys, got shape \(1, 1, 3, 2\)"),
+    (lambda: RotaryEmbedding(4, 8)(torch.ones(1, 1, 3, 6)), r"got shape \(1, 1, 3, 6\)"),
+])
+def test_position_modules_refuse_sizes_that_are_not_whole_numbers_and_inputs_of_another_width(make, message):
+    with pytest.raises(AttnlabError, match=message):
+        make()

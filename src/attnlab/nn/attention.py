@@ -223,6 +223,7 @@ class KVCache:
 
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` positions (none: the cache is empty again)."""
+        check_count("length", length, 0)  # -1 would drop the last position, as a slice does
         if self.k is not None and self.v is not None and length < len(self):
             self.k, self.v = (self.k[..., :length, :], self.v[..., :length, :]) if length else (None, None)
 

@@ -179,9 +179,11 @@ def from_keep_mask(mask: Tensor) -> Tensor:
         bool, the same shape, True where ``mask`` is 1.
 
     Raises:
-        AttnlabError: for values other than 0 and 1, e.g. an additive 0/-inf mask.
+        AttnlabError: for values other than 0 and 1, e.g. an additive 0/-inf mask, and for a float mask of
+            zeros only (an additive mask that hides nothing, or a keep mask that hides everything: say which
+            by its dtype).
     """
-    return _check_zero_one(mask, "from_keep_mask") != 0
+    return _check_zero_one(mask, "from_keep_mask", keep=True) != 0
 
 
 def from_hide_mask(mask: Tensor) -> Tensor:
@@ -229,11 +231,12 @@ def from_hf_attention_mask(attention_mask: Tensor) -> Tensor:
     The inverse of :func:`to_hf_attention_mask`; the result goes straight to ``attend_mask``.
 
     Raises:
-        AttnlabError: for another rank or for values other than 0 and 1.
+        AttnlabError: for another rank, for values other than 0 and 1, and for a float mask of zeros only (see
+            :func:`from_keep_mask`).
     """
     _check_padding_rank(attention_mask, "from_hf_attention_mask", "Hugging Face attention_mask")
     # (a (batch, keys) 0/-inf mask is torch's key_padding_mask form: its converter also gives attention's rank)
-    keep = _check_zero_one(attention_mask, "from_hf_attention_mask", additive="from_key_padding_mask")
+    keep = _check_zero_one(attention_mask, "from_hf_attention_mask", additive="from_key_padding_mask", keep=True)
     return (keep != 0)[:, None, None, :]
 
 
@@ -372,9 +375,11 @@ def values_unreadable(t: Tensor) -> bool:
     return t.is_meta or torch.compiler.is_compiling()
 
 
-def _check_zero_one(mask: Tensor, name: str, *, additive: str = "from_additive_mask") -> Tensor:
+def _check_zero_one(mask: Tensor, name: str, *, additive: str = "from_additive_mask", keep: bool = False) -> Tensor:
     """``mask`` itself, after checking it holds only 0 and 1 (any bool does); an additive one is pointed to the
-    converter ``additive``."""
+    converter ``additive``. ``keep``: 1 = attend, where a float mask of zeros only is refused as well: it is also
+    what an additive mask that hides nothing looks like (torch's float ``key_padding_mask`` of a batch without
+    padding), and read as 0/1 it would hide every key, an output that says nothing (fully hidden rows are 0)."""
     _require_tensor(mask, name)
     if mask.dtype == torch.bool:
         return mask
@@ -393,6 +398,12 @@ def _check_zero_one(mask: Tensor, name: str, *, additive: str = "from_additive_m
             )
         raise AttnlabError(
             f"{name} takes a mask of 0s and 1s, got {mask.dtype} values such as {odd.flatten()[0].item()}"
+        )
+    if keep and mask.is_floating_point() and mask.numel() and not bool(mask.any()):
+        raise AttnlabError(
+            f"{name} takes a 0/1 mask (1 = attend), but this {mask.dtype} mask is all 0, which would hide every "
+            f"key; an additive mask (0 = attend) converts with {additive}, and a mask that really hides "
+            "everything can be passed as bool or integer"
         )
     return mask
 

@@ -20,7 +20,14 @@ from torch import Tensor, nn
 
 from attnlab.errors import AttnlabError, check_count
 from attnlab.nn.attention import KVCache, restored_on_error
-from attnlab.nn.masks import cached_causal_mask, causal_mask, decoder_self_mask, padding_mask, values_unreadable
+from attnlab.nn.masks import (
+    cached_causal_mask,
+    causal_mask,
+    check_attend_mask,
+    decoder_self_mask,
+    padding_mask,
+    values_unreadable,
+)
 from attnlab.nn.stacks import Decoder, Encoder, PositionKind, check_id_batch
 
 
@@ -39,13 +46,18 @@ def check_pad_id(pad_id: int, vocab_size: int, what: str) -> int:
     return pad_id
 
 
-def masked_mean(states: Tensor, padding: Tensor) -> Tensor:
-    """The mean of the real tokens' states: (batch, seq, d) states and their (batch, 1, 1, seq) padding mask
-    (:func:`~attnlab.nn.masks.padding_mask`) -> (batch, d).
+def masked_mean(states: Tensor, *, attend_mask: Tensor) -> Tensor:
+    """The mean of the real tokens' states: (batch, seq, d) states and their (batch, 1, 1, seq) padding attend
+    mask (:func:`~attnlab.nn.masks.padding_mask`, True = a real token) -> (batch, d).
 
     An all-padding row has no real token: it divides by 1 instead of 0, so it pools to zeros, not NaN.
+
+    Raises:
+        AttnlabError: if ``attend_mask`` is not a bool (batch, 1, 1, seq) mask of these states (a float or
+            True = padding mask would average the wrong positions).
     """
-    keep = padding[:, 0, 0, :, None].to(states.dtype)  # (batch, seq, 1)
+    check_attend_mask(attend_mask, (states.shape[0], 1, 1, states.shape[1]))
+    keep = attend_mask[:, 0, 0, :, None].to(states.dtype)  # (batch, seq, 1)
     return (states * keep).sum(1) / keep.sum(1).clamp(min=1.0)
 
 
@@ -117,8 +129,21 @@ class Transformer(_Model):
                 raise AttnlabError(f"shared embeddings need one vocabulary, got sizes {src_vocab_size} and {tgt_vocab_size}")
             self.decoder.embed.tokens = self.encoder.embed.tokens
         self.output = nn.Linear(d_model, tgt_vocab_size)
-        if tie_output:
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Make the output projection use the target embedding matrix again, if the model ties them.
+
+        ``to_empty`` (after building on the ``meta`` device) gives every module a parameter of its own, which
+        unties the two: training would then update two copies apart.
+        """
+        if self.config["tie_output"]:
             self.output.weight = self.decoder.embed.tokens.weight
+
+    def reset_parameters(self) -> None:
+        """Tie the output matrix to the embedding again (:meth:`tie_weights`); each layer initialises its own
+        weights (torch's convention: call every module's ``reset_parameters``)."""
+        self.tie_weights()
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """(batch, src) ids -> memory (batch, src, d_model) and its attend mask (batch, 1, 1, src)."""
@@ -231,7 +256,7 @@ class EncoderClassifier(_Model):
 
     def _pooled(self, ids: Tensor, padding: Tensor, *, attend_mask: Tensor | None) -> Tensor:
         states, _ = self.encoder(ids, attend_mask=attend_mask)
-        return masked_mean(self.norm(states), padding)
+        return masked_mean(self.norm(states), attend_mask=padding)
 
     def forward(self, ids: Tensor) -> Tensor:
         """(batch, seq) ids -> (batch, num_classes) logits."""
@@ -290,9 +315,13 @@ class DecoderLM(_Model):
             scale_embedding=False, bias=bias,
         )
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
-        if tie_output:
-            self.lm_head.weight = self.body.embed.tokens.weight
         self.reset_parameters()
+
+    def tie_weights(self) -> None:
+        """Make the output matrix the embedding matrix again, if the model ties them (see
+        :meth:`Transformer.tie_weights`: ``to_empty`` unties them)."""
+        if self.config["tie_output"]:
+            self.lm_head.weight = self.body.embed.tokens.weight
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -303,7 +332,10 @@ class DecoderLM(_Model):
         PyTorch's defaults draw embeddings from N(0, 1); with the output matrix tied to the embedding the
         first logits would have a standard deviation of about sqrt(d_model), and training would start at a
         loss of tens of nats instead of ln(vocab_size), wasting hundreds of steps.
+
+        Ties the output matrix to the embedding first (:meth:`tie_weights`), which ``to_empty`` undoes.
         """
+        self.tie_weights()
         residual_std = 0.02 / math.sqrt(2 * max(len(self.body.layers), 1))  # (no layers: nothing uses it)
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear | nn.Embedding):
@@ -323,7 +355,7 @@ class DecoderLM(_Model):
 
         With ``caches``, ``ids`` holds only the new positions, which follow the cached ones. Cached decoding
         masks no padding (a cache cannot un-see a key), so ids holding ``pad_id`` are refused there: feed
-        prompts of one length, or decode them one at a time.
+        prompts of one length, or decode them one at a time (a check of values, left out inside ``torch.compile``).
         """
         check_id_batch(ids)  # before its shape is read below
         if caches is not None and self.pad_id is not None:

@@ -32,8 +32,8 @@ def sinusoidal_angles(num_positions: int, d: int) -> Tensor:
     Returns:
         (num_positions, d) float64.
     """
-    if num_positions < 0 or d < 1:
-        raise AttnlabError(f"need num_positions >= 0 and d >= 1, got {num_positions} and {d}")
+    check_count("num_positions", num_positions, 0)
+    check_count("d", d)
     pos = torch.arange(num_positions, dtype=torch.float64)[:, None]  # (P, 1)
     i = torch.arange(d, dtype=torch.float64)[None, :] // 2  # (1, d): 0, 0, 1, 1, 2, 2, ...
     return pos / torch.pow(10000.0, 2.0 * i / d)
@@ -57,7 +57,8 @@ def sinusoidal_encoding(num_positions: int, d: int, dtype: torch.dtype = torch.f
 
 def _check_span(length: int, offset: int, max_positions: int, what: str) -> None:
     # (SymInt: a shape under torch.compile's dynamic shapes)
-    if not isinstance(length, int | torch.SymInt) or not isinstance(offset, int | torch.SymInt):  # e.g. ``pe(x)``
+    if (not isinstance(length, int | torch.SymInt) or not isinstance(offset, int | torch.SymInt)  # e.g. ``pe(x)``
+            or isinstance(length, bool) or isinstance(offset, bool)):
         given = f"a tensor of shape {tuple(length.shape)}" if isinstance(length, torch.Tensor) else repr(length)
         raise AttnlabError(f"the {what} takes a length and an offset (ints) and returns the rows to add; got {given}")
     if offset < 0 or length < 0:
@@ -80,7 +81,7 @@ class SinusoidalPositions(nn.Module):
 
     def __init__(self, max_positions: int, d: int) -> None:
         super().__init__()
-        self.max_positions, self.d = max_positions, d
+        self.max_positions, self.d = check_count("max_positions", max_positions), check_count("d", d)
         # Not persistent: it is a pure function of (max_positions, d), so checkpoints need not carry it.
         self.register_buffer("table", sinusoidal_encoding(max_positions, d), persistent=False)
 
@@ -106,8 +107,8 @@ class LearnedPositions(nn.Module):
 
     def __init__(self, max_positions: int, d: int) -> None:
         super().__init__()
-        self.max_positions = max_positions
-        self.table = nn.Embedding(max_positions, d)
+        self.max_positions = check_count("max_positions", max_positions)
+        self.table = nn.Embedding(max_positions, check_count("d", d))
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """Rows ``offset .. offset + length - 1``: (length, d)."""
@@ -154,6 +155,9 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """Rotate ``x`` of shape (batch, heads, seq, head_dim) as if it starts at position ``offset``."""
+        if x.dim() < 2 or x.shape[-1] != self.head_dim:  # a narrower x would broadcast against the tables
+            raise AttnlabError(f"the rotary embedding rotates (..., seq, {self.head_dim}) queries and keys, got shape "
+                               f"{tuple(x.shape)}")
         length = x.shape[-2]
         _check_span(length, offset, self.max_positions, "rotary table")
         cos = self.cos[offset : offset + length].to(x.dtype)  # (seq, head_dim/2)

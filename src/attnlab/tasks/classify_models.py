@@ -224,7 +224,7 @@ class TextClassifier(EncoderClassifier):
         outputs[-1] = self.encoder.final_norm(x)
         norms, heads = [*self.early_norms, self.norm], [*self.early_heads, self.out]
         outputs = outputs[len(outputs) - len(heads):]
-        logits = [head(masked_mean(norm(h), padding)) for head, norm, h in zip(heads, norms, outputs)]
+        logits = [head(masked_mean(norm(h), attend_mask=padding)) for head, norm, h in zip(heads, norms, outputs)]
         if self.wide is not None:
             logits.append(self.wide_logits(ids).to(logits[0].dtype))
         return torch.stack(logits)
