@@ -13,9 +13,9 @@ Runs, one after the other in this one invocation:
    same with ``--compile``;
 3. ``attnlab generate`` on run 2, 500 new tokens, with and without the KV cache (issue: >= 5x faster).
 
-Each target is reported twice: against the issue's nanoGPT measurements (nanoGPT run on this machine kind on
-2026-11-29, possibly a faster CPU), and against the re-created recipe of step 0 run here (same machine, same
-run). Every attnlab figure is measured in this run, and the machine's matmul peak is measured inside each
+Every ratio with a verdict (MET / NOT MET) is a same-run ratio: against the re-created recipe of step 0 and, when
+given, nanoGPT itself, both run here. The issue's nanoGPT measurements (this machine kind, 2026-11-29) are printed
+beside them for context only, never judged against: they were not measured in this run. Every attnlab figure is measured in this run, and the machine's matmul peak is measured inside each
 training run, in the precision it computes in (bfloat16 for an autocast run); the throughput ceiling of the nanoGPT configuration's matrix products alone is printed too.
 Generation is also timed at nanoGPT's own Shakespeare context of 256 (a model trained for one step: the speed
 of generation does not depend on the weights). The load average is printed before and after: other processes
@@ -166,9 +166,9 @@ def nanogpt_itself(checkout: Path, text: Path, out: Path, env: dict[str, str]) -
 def generation_rate(run: Path, cache: bool, env: dict[str, str]) -> float:
     args = ["generate", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "500", "--seed", "0"]
     done, _ = attnlab(*args, *([] if cache else ["--no-cache"]), env=env)
-    seconds = float(re.search(r"tokens in ([0-9.]+) s", done.stderr).group(1))
     print("    " + done.stderr.strip())
-    return 500 / seconds
+    # the command's own rate (from its unrounded time; its seconds are printed to 10 ms only)
+    return float(re.search(r"\(([0-9,]+) tokens/s", done.stderr).group(1).replace(",", ""))
 
 
 def main() -> None:
@@ -186,16 +186,25 @@ def main() -> None:
                              "timed as a first run pays it).")
     args = parser.parse_args()
     if not args.text.is_file():
-        raise SystemExit(f"no text file {args.text} (tinyshakespeare's input.txt)")
+        raise SystemExit(f"error: no text file {args.text} (tinyshakespeare's input.txt)")
     if args.nanogpt_checkout is not None:  # before minutes of other runs, and before any folder is made
         refuse_checkout(args.nanogpt_checkout.resolve(), args.text.resolve())
     out = args.out or Path(tempfile.mkdtemp(prefix="lm_shakespeare_"))
+    planned = ([] if args.skip_fast else ["fast"]) + ([] if args.skip_nanogpt else ["nanogpt", "nanogpt-compiled",
+                                                                                    "context256"])
+    planned += ["nanogpt-itself"] if args.nanogpt_checkout is not None else []
+    taken = [name for name in planned if (out / name).exists()]
+    if taken:  # said now, not after minutes of reference runs
+        raise SystemExit(f"error: {out} already holds {', '.join(taken)}: give another --out")
     env = dict(os.environ)
     # Every process here, the reference included, waits for work the same way. attnlab's LM commands spin on an
     # idle machine and sleep on a busy one (src/attnlab/cli/omp_wait.py); the reference would run with libgomp's
     # default (spin a little, then sleep), 15-25% slower than spinning on an idle machine. Spinning for all is
     # the fair setting on the idle machine this benchmark is meant for; --passive measures the other one.
     env["OMP_WAIT_POLICY"] = "PASSIVE" if args.passive else "ACTIVE"
+    # This process times the matmul ceiling (d) itself: the same policy, set before it imports torch (libgomp
+    # reads it once, when it loads).
+    os.environ["OMP_WAIT_POLICY"] = env["OMP_WAIT_POLICY"]
     if not args.warm_cache:
         env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor_cache_")
     print(f"before: {load()}")
@@ -217,13 +226,9 @@ def main() -> None:
                     f"for the whole command, {itself['steady_tokens_per_second']:,.0f} training tokens/s steady")
     if not args.skip_fast:
         fast, seconds = train(args.text, out / "fast", "shakespeare-fast", env)
-        ratio = fast["wall_seconds"] / NANOGPT["wall_seconds"]
-        ok = fast["val_loss"] <= TARGET_LOSS and ratio <= TARGET_TIME_FRACTION
-        rows.append(f"(a) shakespeare-fast: val loss {fast['val_loss']:.4f} (nanoGPT {NANOGPT['val_loss']}) in "
-                    f"{fast['wall_seconds']:.1f} s = {ratio:.2f} x nanoGPT's {NANOGPT['wall_seconds']:.0f} s "
-                    f"(command total with start-up and peak measurement {seconds:.1f} s = "
-                    f"{seconds / NANOGPT['wall_seconds']:.2f} x); target loss <= {TARGET_LOSS} in <= "
-                    f"{TARGET_TIME_FRACTION:.1f} x: {'MET' if ok else 'NOT MET'}")
+        rows.append(f"(a) shakespeare-fast: val loss {fast['val_loss']:.4f} in {fast['wall_seconds']:.1f} s "
+                    f"({seconds:.1f} s the whole command, start-up and peak measurement included); for context, "
+                    f"the issue's nanoGPT: {NANOGPT['val_loss']} in {NANOGPT['wall_seconds']:.0f} s (not this run)")
         rows.append(f"    {fast['steady_tokens_per_second']:,.0f} tokens/s steady, {fast['peak_fraction']:.1%} of the "
                     f"measured peak {fast['peak_flops'] / 1e9:.1f} GFLOP/s")
         for name, ref in yardsticks:
@@ -236,13 +241,11 @@ def main() -> None:
                         f"{fast['val_loss']:.4f}; target <= {TARGET_TIME_FRACTION:.1f} x: {'MET' if ok else 'NOT MET'}")
     if not args.skip_nanogpt:
         base, _ = train(args.text, out / "nanogpt", "nanogpt-cpu", env)
-        ratio = base["steady_tokens_per_second"] / NANOGPT["tokens_per_second"]
-        rows.append(f"(b) nanogpt-cpu, float32: {base['steady_tokens_per_second']:,.0f} training tokens/s steady = "
-                    f"{ratio:.2f} x nanoGPT's {NANOGPT['tokens_per_second']:,.0f}; target >= {TARGET_THROUGHPUT} x: "
-                    f"{'MET' if ratio >= TARGET_THROUGHPUT else 'NOT MET'}")
+        rows.append(f"(b) nanogpt-cpu, float32: {base['steady_tokens_per_second']:,.0f} training tokens/s steady; for "
+                    f"context, the issue's nanoGPT: about {NANOGPT['tokens_per_second']:,.0f} (not this run)")
         rows.append(f"    {base['peak_fraction']:.1%} of the measured peak {base['peak_flops'] / 1e9:.1f} GFLOP/s; "
                     f"val loss {base['val_loss']:.4f} after {base['steps']} steps in {base['wall_seconds']:.1f} s "
-                    f"(nanoGPT: {NANOGPT['val_loss']} in {NANOGPT['wall_seconds']:.0f} s)")
+                    f"(the issue's nanoGPT: {NANOGPT['val_loss']} in {NANOGPT['wall_seconds']:.0f} s, not this run)")
         for name, ref in yardsticks:
             same = base["steady_tokens_per_second"] / ref["steady_tokens_per_second"]
             rows.append(f"(b0) same run: nanogpt-cpu trains at {same:.2f} x the tokens/s of {name} "
@@ -273,11 +276,13 @@ def main() -> None:
                     f"{uncached:,.0f} without = {cached / uncached:.2f} x; target >= 5 x: "
                     f"{'MET' if cached / uncached >= 5 else 'NOT MET'}")
     ceiling = gemm_ceiling()
+    measured = [(name, ref["steady_tokens_per_second"]) for name, ref in yardsticks]
+    measured += [] if args.skip_nanogpt else [("nanogpt-cpu", base["steady_tokens_per_second"])]
     rows.append(f"(d) ceiling: the matrix products alone of one nanoGPT-configuration step run at {ceiling:,.0f} "
-                f"tokens/s on this machine now; nanoGPT's reference {NANOGPT['tokens_per_second']:,.0f} is "
-                f"{NANOGPT['tokens_per_second'] / ceiling:.2f} x that")
+                f"tokens/s on this machine now" + "".join(f"; {ceiling / rate:.2f} x the tokens/s of {name}"
+                                                          for name, rate in measured))
     print(f"after: {load()}")
-    print("\n'nanoGPT' figures are the issue's reference measurements; 'same run' ones compare with step 0 (and 0').")
+    print("\nVerdicts are on 'same run' ratios, against step 0 (and 0'); the issue's figures are context only.")
     for row in rows:
         print(row)
     print(f"runs in {out}")

@@ -14,17 +14,21 @@
 # ends the run near step 1,830-1,900, where the learning rate is below 0.5% of its peak. On a slower machine
 # lower --max-steps, so that the decay ends inside the time budget.
 #
-# Environment: DATA (folder with train/val/test_2016_flickr .de/.en[.gz], default ../shared/data/multi30k),
-# RUN (run folder, default runs/multi30k), MAX_SECONDS (default 3600), THREADS (default 2), BIN (default .venv/bin).
+# Environment: DATA (folder with train/val/test_2016_flickr .de/.en[.gz], default ../shared/data/multi30k beside the
+# repository), RUN (run folder, default runs/multi30k in the repository), MAX_SECONDS (default 3600), THREADS (default
+# 2), BIN (default the repository's .venv/bin). Relative paths are read from the caller's folder.
 # Leaves everything in RUN: config, weights, metrics, result.json (steps, time, best validation scores), test
 # hypotheses and their scores.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-DATA=${DATA:-../shared/data/multi30k}
-RUN=${RUN:-runs/multi30k}
+# Paths given by the caller are the caller's: made absolute before the script moves to the repository root.
+here=$(pwd)
+absolute() { case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$here/$1" ;; esac; }
+DATA=$(absolute "${DATA:-$(dirname "$0")/../../shared/data/multi30k}")
+RUN=$(absolute "${RUN:-$(dirname "$0")/../runs/multi30k}")
+BIN=$(absolute "${BIN:-$(dirname "$0")/../.venv/bin}")
 MAX_SECONDS=${MAX_SECONDS:-3600}
 THREADS=${THREADS:-2}
-BIN=${BIN:-.venv/bin}
+cd "$(dirname "$0")/.."
 RECIPE=(--vocab-size 8000 --max-tokens 2000 --schedule cosine --warmup 300 --max-steps 1900)
 
 "$BIN/attnlab" train translate --train "$DATA/train" --valid "$DATA/val" --src de --tgt en --out "$RUN" \

@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench_args import at_least
+
 DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare" / "input.txt"
 
 
@@ -89,14 +91,12 @@ class GPT(nn.Module):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--text", type=Path, default=DEFAULT_TEXT)
-    parser.add_argument("--iters", type=int, default=2000)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--iters", type=at_least(1), default=2000)
+    parser.add_argument("--threads", type=at_least(0), default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=1337)
     args = parser.parse_args()
     if not args.text.is_file():
         raise SystemExit(f"error: no text file {args.text} (tinyshakespeare's input.txt)")
-    if args.iters < 1:
-        raise SystemExit(f"error: --iters must be at least 1, got {args.iters}")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -142,7 +142,7 @@ def main() -> None:
     for it in range(args.iters + 1):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(it)
-        if it % eval_interval == 0:
+        if it % eval_interval == 0 or it == args.iters:  # (nanoGPT's own 2,000 end on an evaluation too)
             val = estimate("val", eval_iters)
             estimate("train", eval_iters)
         if it == args.iters:
@@ -166,7 +166,8 @@ def main() -> None:
     val200 = estimate("val", 200)
     print(json.dumps({
         "wall_seconds": wall, "train_seconds": train_seconds, "iters": args.iters,
-        "steady_tokens_per_second": statistics.median(rates[1:] or rates),
+        # (fewer than 10 iterations make no window: their mean rate stands in)
+        "steady_tokens_per_second": statistics.median(rates[1:] or rates or [args.iters * batch * context / train_seconds]),
         "tokens_per_second": args.iters * batch * context / train_seconds,
         "val_loss": val, "val_loss_200": val200, "threads": torch.get_num_threads(),
     }))

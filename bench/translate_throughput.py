@@ -7,19 +7,29 @@ alternating rounds of a few steps each, so the noise of a shared machine hits bo
 * ``attnlab``: the real engine step (``Trainer._step``) on the task's length-bucketed token batches;
 * ``plain``: the plain recipe, ``torch.nn.Transformer`` on random batches of ``--plain-batch`` sentences,
   loss over all positions with ``ignore_index`` (what most tutorials do);
-* ``nn-bucketed``: ``torch.nn.Transformer`` fed attnlab's bucketed batches (isolates the model from batching).
+* ``nn-bucketed``: ``torch.nn.Transformer`` fed the very batches the ``attnlab`` loop trains on, in the same
+  order (isolates the model from batching).
 
-Tokens are *real* tokens: source tokens (with eos) plus predicted target tokens (with eos), never padding.
+The three optimisers are the same AdamW implementation (``fused=True``, the engine's), so that the ratios compare
+models and batching. The defaults are the Multi30k recipe's (``bench/multi30k.sh``): a joint BPE vocabulary of
+8,000 and batches of at most 2,000 padded positions a side. Each loop cycles through epochs as long as the rounds
+ask. Tokens are *real* tokens: source tokens (with eos) plus predicted target tokens (with eos), never padding.
 
     python bench/translate_throughput.py [--data ../shared/data/multi30k] [--rounds 4] [--steps 6] [--threads N]
+                                         [--vocab-size 8000] [--max-tokens 2000] [--plain-batch 128]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
+import shutil
 import statistics
+import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -27,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.data import PAD_ID, BPETokenizer
+from attnlab.errors import AttnlabError
 from attnlab.tasks.parallel_data import collate, encode_pairs, read_parallel, real_tokens, token_batches
 from attnlab.tasks.translate import (
     RECIPE_MODEL,
@@ -36,6 +47,7 @@ from attnlab.tasks.translate import (
     build_translation_model,
 )
 from attnlab.training import TrainConfig, Trainer
+from bench_args import at_least
 
 
 class PlainTransformer(nn.Module):
@@ -79,18 +91,36 @@ def plain_step(model: nn.Module, opt: torch.optim.Optimizer, data: dict[str, tor
     return real_tokens(data["src"]) + count
 
 
+def endless(epoch_batches: Callable[[int], list[list[int]]]) -> Iterator[list[int]]:
+    """The batches of epoch 0, then of epoch 1, and so on: a loop never runs out however many rounds it is given."""
+    for epoch in itertools.count():
+        yield from epoch_batches(epoch)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
-    parser.add_argument("--rounds", type=int, default=4, help="alternating rounds")
-    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per loop per round")
-    parser.add_argument("--vocab-size", type=int, default=TranslateSettings.vocab_size)
-    parser.add_argument("--max-tokens", type=int, default=TranslateSettings.max_tokens)
-    parser.add_argument("--plain-batch", type=int, default=128, help="sentences per batch of the plain loop")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--rounds", type=at_least(1), default=4, help="alternating rounds")
+    parser.add_argument("--steps", type=at_least(1), default=6, help="optimizer steps per loop per round")
+    parser.add_argument("--vocab-size", type=at_least(8), default=8000, help="joint BPE vocabulary (the recipe's)")
+    parser.add_argument("--max-tokens", type=at_least(1), default=2000,
+                        help="padded positions a side per bucketed batch (the recipe's)")
+    parser.add_argument("--plain-batch", type=at_least(1), default=128, help="sentences per batch of the plain loop")
+    parser.add_argument("--threads", type=at_least(0), default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    out = Path(tempfile.mkdtemp(prefix="attnlab-throughput-"))  # the engine's run folder; nothing in it is kept
+    try:
+        measure(args, out)
+    except AttnlabError as error:  # a missing data folder, a vocabulary the text cannot give: one line
+        raise SystemExit(f"error: {error}") from None
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, out: Path) -> None:
+    """Train the three loops in alternating rounds and print their rates and ratios."""
     src, tgt = read_parallel(Path(args.data) / "train", "de", "en")
     tok = BPETokenizer.train(src + tgt, vocab_size=args.vocab_size)
     m = RECIPE_MODEL
@@ -101,19 +131,24 @@ def main() -> None:
     ours = build_translation_model((tok.vocab_size, tok.vocab_size), RECIPE_MODEL, share_embeddings=True, tie_output=True)
     task = TranslationTask(pairs, pairs, [], [], tok, settings)
     config = TrainConfig(**{**RECIPE_TRAIN, "progress": False, "device": "cpu"})
-    trainer = Trainer(ours, task, config, Path("/tmp") / "attnlab-throughput")
+    trainer = Trainer(ours, task, config, out)
     batches = trainer._micro_batches()
 
     def plain_model() -> tuple[nn.Module, torch.optim.Optimizer]:
         model = PlainTransformer(tok.vocab_size, m["d_model"], m["num_heads"], m["num_layers"], m["d_ff"], m["dropout"])
-        return model, torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), foreach=True)
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=True)
 
     plain, plain_opt = plain_model()
     bucketed, bucketed_opt = plain_model()
-    g = torch.Generator().manual_seed(0)
-    order = torch.randperm(len(pairs), generator=g).tolist()
-    random_batches = iter([order[i : i + args.plain_batch] for i in range(0, len(order), args.plain_batch)])
-    our_batches = iter(token_batches(pairs, max_tokens=args.max_tokens, seed=1, epoch=0))
+
+    def random_epoch(epoch: int) -> list[list[int]]:
+        order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(epoch)).tolist()
+        return [order[i : i + args.plain_batch] for i in range(0, len(order), args.plain_batch)]
+
+    def bucketed_epoch(epoch: int) -> list[list[int]]:  # the task's own batches, in the order the engine takes them
+        return token_batches(pairs, max_tokens=args.max_tokens, seed=task.seed, epoch=epoch)
+
+    random_batches, our_batches = endless(random_epoch), endless(bucketed_epoch)
 
     def run_attnlab() -> int:
         _, tokens = trainer._step([next(batches)])
@@ -133,8 +168,9 @@ def main() -> None:
             for _ in range(args.steps):
                 tokens += fn()
             rates[name].append(tokens / (time.perf_counter() - start))
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, vocab {tok.vocab_size}, "
-          f"{args.rounds} rounds x {args.steps} steps per loop; real (non-padding) tokens per second")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, vocab {tok.vocab_size}, batches of "
+          f"{args.max_tokens} positions (bucketed) and {args.plain_batch} sentences (plain), {args.rounds} rounds x "
+          f"{args.steps} steps per loop; real (non-padding) tokens per second")
     for name, values in rates.items():
         print(f"  {name:<12} median {statistics.median(values):8.0f} tok/s   rounds: "
               + ", ".join(f"{v:.0f}" for v in values))
@@ -142,12 +178,13 @@ def main() -> None:
     print(f"ratio attnlab / plain:       {ours_rate / statistics.median(rates['plain']):.2f}")
     print(f"ratio attnlab / nn-bucketed: {ours_rate / statistics.median(rates['nn-bucketed']):.2f}")
     # Tutorials often count padded positions as tokens: the same rates in that unit, from the batches' padding.
-    random_share = padding_share(pairs, [order[i : i + args.plain_batch] for i in range(0, len(order), args.plain_batch)])
-    bucketed_share = padding_share(pairs, token_batches(pairs, max_tokens=args.max_tokens, seed=1, epoch=0))
+    random_share = padding_share(pairs, random_epoch(0))
+    bucketed_share = padding_share(pairs, bucketed_epoch(0))
     print(f"padding: {random_share:.0%} of the positions of random {args.plain_batch}-sentence batches, "
           f"{bucketed_share:.0%} of the bucketed ones; counted with padding, plain trains at "
           f"{statistics.median(rates['plain']) / (1 - random_share):.0f} positions/s and attnlab at "
           f"{ours_rate / (1 - bucketed_share):.0f}")
+    sys.stdout.flush()
 
 
 def padding_share(pairs, batches: list[list[int]]) -> float:
