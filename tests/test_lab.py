@@ -238,6 +238,25 @@ def test_the_glove_section_quotes_the_seeds_100d_figures_beside_its_own(small_ru
     assert numbers["glove"]["disparity_ordered"] == (disparity["1:10"] > disparity["1:1"] > disparity["10:1"])
     for figure in ("5.599 / 7.374", "5.599 / 5.674", "0.990159", "0.428852", "0.000378"):
         assert figure in glove, figure
+    # the file lacks one word: said in the section's text, not only in the listing of the embedding matrix
+    assert f"1 of the 11 words have no vector in this file</b> ({MISSING})" in " ".join(glove.split())
+
+
+def test_vectors_that_are_all_the_same_are_refused_by_name(tmp_path):
+    write_glove(tmp_path / "flat.txt", {w: np.ones(DIM) for w in small_vectors()})
+    assert_one_line_error(run_cli("--out", str(tmp_path / "r"), "--glove", str(tmp_path / "flat.txt")),
+                          "gives the sentences' words one and the same vector")
+    assert_no_report(tmp_path)
+
+
+def test_the_odd_width_text_follows_the_drift_past_its_peak():
+    from attnlab.lab.encoding import properties_section
+
+    long = " ".join(properties_section(3, 2048).body.split())  # width 3: the unpaired sine peaks near 729
+    assert "Over 2048 positions the norm reaches that peak and falls back" in long
+    assert "rising to a peak near position 729 and falling back" in long and "drift is small" not in long
+    short = " ".join(properties_section(51, 200).body.split())
+    assert "over 200 positions the drift is small" in short and "growing with the position" in short
 
 
 def test_the_command_says_how_many_checks_hold_and_names_those_that_do_not(tmp_path):
@@ -247,21 +266,37 @@ def test_the_command_says_how_many_checks_hold_and_names_those_that_do_not(tmp_p
     write_glove(tmp_path / "narrow.txt", vectors)
     result = run_cli("--out", str(tmp_path / "r"), "--glove", str(tmp_path / "narrow.txt"))  # 50 positions
     assert result.exit_code == 0, result.output
-    line = " ".join(result.stdout.split())  # (rich wraps it at the terminal's width)
+    line = next(text for text in result.stdout.splitlines() if text.startswith("checks: "))  # one line, unwrapped
     held, total = map(int, re.search(r"checks: (\d+) of (\d+) hold", line).groups())
     page = (tmp_path / "r" / "index.html").read_text()
     assert total == page.count('<p class="check ') and total - held == page.count('<p class="check bad"') >= 1
     assert "not holding (marked on the page): the dot product is largest on the diagonal" in line
+    assert f"report: {tmp_path / 'r' / 'index.html'}" in result.stdout.splitlines()  # a path a log reader can use
 
 
-def test_only_the_seeds_own_vectors_go_without_the_note_that_the_figures_differ():
-    from attnlab.data.glove import WordVectors, corpus_from_name
-    from attnlab.lab.embeddings import seeds_vectors
+def test_a_report_folder_that_appears_while_the_run_works_gets_the_two_files_moved_in(tmp_path):
+    from attnlab.lab.report import Staging
+
+    out = tmp_path / "r"
+    staging = Staging(out)  # no folder yet: the staging folder would be renamed to it
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")  # another run, or a user, made it meanwhile
+    assert staging.write("<p>page</p>", {"a": 1}) == out
+    assert sorted(p.name for p in out.iterdir()) == ["index.html", "notes.txt", "numbers.json"]
+    assert (out / "notes.txt").read_text() == "mine" and (out / "index.html").read_text() == "<p>page</p>"
+    assert [p.name for p in tmp_path.iterdir()] == ["r"]  # no staging folder left
+
+
+def test_only_the_seeds_own_figures_go_without_the_note_that_they_differ():
+    from attnlab.data.glove import corpus_from_name
+    from attnlab.lab.embeddings import SEED_RED_WOLF, matches_seed
 
     assert corpus_from_name("glove.6B.100d.txt") == "6B" and corpus_from_name("/x/glove.840B.300d.txt.gz") == "840B"
     assert corpus_from_name("glove.twitter.27B.100d.txt") == "twitter.27B" and corpus_from_name("mine.100d.txt") == ""
-    assert seeds_vectors(WordVectors({}, 100, "", 0, corpus="6B"))
-    assert not seeds_vectors(WordVectors({}, 100, "", 0)) and not seeds_vectors(WordVectors({}, 50, "", 0, "6B"))
+    seeds = {f"sentence{s}": {"semantic": a, "with_position": b} for s, (a, b) in SEED_RED_WOLF.items()}
+    assert matches_seed(seeds)
+    seeds["sentence1"]["with_position"] += 0.01  # other vectors, whatever the file is called
+    assert not matches_seed(seeds)
 
 
 # ---------------------------------------------------------------- bad input
@@ -384,10 +419,37 @@ def test_a_report_file_that_is_a_symlink_is_written_through_it(tmp_path, glove_f
 
 
 def test_binary_glove_file(tmp_path):
-    path = tmp_path / "glove.zip"
+    path = tmp_path / "glove.zip"  # glove.6B.zip as downloaded
     path.write_bytes(b"PK\x03\x04\x14\x00\x00\x00\x08\x00\xff\xfe\x80\x81")
-    assert_one_line_error(run_cli("--out", str(tmp_path / "r"), "--glove", str(path)), "not a UTF-8 text file")
+    assert_one_line_error(run_cli("--out", str(tmp_path / "r"), "--glove", str(path)), "is zip-compressed; unpack it")
+    latin = tmp_path / "latin1.txt"  # the bad byte far into the file: named where it is, from the file's start
+    good = "".join(f"w{i} " + " ".join(["0.5"] * 12) + "\n" for i in range(3000)).encode()
+    latin.write_bytes(good + b"caf\xe9 " + b" ".join([b"0.5"] * 12) + b"\n")
+    assert_one_line_error(run_cli("--out", str(tmp_path / "r"), "--glove", str(latin)), "not a UTF-8 text file",
+                          f"line 3001 (byte {len(good) + 3:,}) cannot be decoded")
     assert_no_report(tmp_path)
+
+
+def test_a_glove_file_through_a_pipe_with_a_tab_or_a_leading_space_loads(tmp_path):
+    pipe = tmp_path / "vectors"
+    os.mkfifo(pipe)  # what --glove <(zcat glove.6B.100d.txt.gz) gives
+    writer = __import__("threading").Thread(
+        target=lambda: pipe.write_text("king\t1 2 3\n queen 4 5 6\nwolf 7\t8 9\n", encoding="utf-8"), daemon=True)
+    writer.start()
+    try:
+        vectors = load_text(pipe, ["king", "queen", "wolf"])
+    finally:
+        if writer.is_alive():  # the pipe was refused unread: open it, so that the writer is not left waiting
+            pipe.read_bytes()
+        writer.join()
+    assert {w: v.tolist() for w, v in vectors.vectors.items()} == {"king": [1, 2, 3], "queen": [4, 5, 6],
+                                                                    "wolf": [7, 8, 9]}
+    with pytest.raises(AttnlabError, match="is a folder, not a file"):
+        load_text(tmp_path, ["king"])
+    underscored = tmp_path / "u.txt"
+    underscored.write_text("king 1_0 2\n", encoding="utf-8")  # float() would read 10
+    with pytest.raises(AttnlabError, match="the values for 'king' are not all numbers"):
+        load_text(underscored, ["king"])
 
 
 def test_width_other_than_requested(tmp_path, glove_file):

@@ -25,6 +25,7 @@ def console(**kwargs: Any) -> Console:
 
     Console markup is off: what the commands print holds the user's own strings (labels, file names, texts and
     the samples written from them), where ``[red]`` or ``[/]`` is text, not a style (it vanished, or raised
-    ``MarkupError``). Styles are given as :class:`rich.text.Text` instead.
+    ``MarkupError``). Styles are given as :class:`rich.text.Text` instead. Emoji codes are off for the same reason:
+    a folder named ``x:thumbs_up:y`` was printed as a path that does not exist.
     """
-    return _Console(**{"markup": False, **kwargs})
+    return _Console(**{"markup": False, "emoji": False, **kwargs})

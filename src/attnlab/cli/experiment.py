@@ -50,7 +50,7 @@ def leak(text: Path, out: Path, steps: int | None, sample_tokens: int, progress:
 
     def banner(_data: object) -> None:  # only once every check has passed
         console.print(f"training two models ({settings.layers} layers, width {settings.width}, context "
-                      f"{settings.context}, {settings.steps} steps each, same seed and batches) on {text} ...")
+                      f"{settings.context}, {settings.steps} steps each, same seed and batches) on {text} ...", soft_wrap=True)
 
     result = run_leak_experiment(text, out, settings, sample_tokens=sample_tokens, progress=progress,
                                  on_start=banner)
@@ -68,11 +68,13 @@ def leak(text: Path, out: Path, steps: int | None, sample_tokens: int, progress:
         table.add_row(row.name, f"{row.val_loss:.3f}", f"{row.same_windows_teacher_forced:.3f}",
                       f"{row.future_absent:.3f}", Text(row.check_status.upper(), style=style), repr(row.sample[:24]) + "...")
     console.print(table)
-    console.print(f"prompt: {result.prompt!r}; each model's first {sample_tokens} free-running tokens (seed 0, no cache):")
+    console.print(f"prompt: {result.prompt!r}; each model's first {sample_tokens} free-running tokens (seed 0, no cache):",
+                  soft_wrap=True)
     for row in result.rows:
         console.print(Text.assemble((row.name, "bold"), f": {row.sample!r}"), soft_wrap=True)
     for row in result.rows:
-        console.print(Text.assemble("check of the ", (row.name, "bold"), f" model: {row.check_summary}"))
+        console.print(Text.assemble("check of the ", (row.name, "bold"), f" model: {row.check_summary}"), soft_wrap=True)
         console.print(f"  reproduce: {result.commands[row.name]}", soft_wrap=True)
-    console.print("verdict: " + ", ".join(f"{k.replace('_', ' ')}: {'yes' if v else 'NO'}" for k, v in verdict.items()))
-    console.print(f"plot: {result.out / 'leak.png'} | numbers: {result.out / 'leak.json'}")
+    console.print("verdict: " + ", ".join(f"{k.replace('_', ' ')}: {'yes' if v else 'NO'}" for k, v in verdict.items()),
+                  soft_wrap=True)
+    console.print(f"plot: {result.out / 'leak.png'} | numbers: {result.out / 'leak.json'}", soft_wrap=True)

@@ -50,8 +50,9 @@ def lab(out: Path, glove: Path | None, dim: int | None, max_length: int) -> None
     console.print(table)
     marks = [mark for section in result.sections for mark in checks_in(section.body)]
     held, failed = sum(ok for ok, _ in marks), [text for ok, text in marks if not ok]
+    # soft_wrap: one line each, whatever the width (a log or a pipe got them folded at 80 columns, paths split)
     console.print(f"checks: {held} of {held + len(failed)} hold" + (
-        f"; not holding (marked on the page): {'; '.join(failed)}" if failed else ""))
-    console.print(f"report: {result.out / 'index.html'}")
-    console.print(f"numbers: {result.out / 'numbers.json'}")
-    console.print(f"time: {result.seconds:.1f} s")
+        f"; not holding (marked on the page): {'; '.join(failed)}" if failed else ""), soft_wrap=True)
+    console.print(f"report: {result.out / 'index.html'}", soft_wrap=True)
+    console.print(f"numbers: {result.out / 'numbers.json'}", soft_wrap=True)
+    console.print(f"time: {result.seconds:.1f} s", soft_wrap=True)

@@ -14,7 +14,9 @@ Anything unusable is an :class:`~attnlab.errors.AttnlabError` with one line that
 
 from __future__ import annotations
 
+import codecs
 import importlib.metadata
+import io
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -130,6 +132,8 @@ def corpus_from_name(path: str | Path) -> str:
 
 def _floats(fields: list[str]) -> np.ndarray:
     """The (len(fields),) float32 vector of a line's number fields; raises ValueError if one is not a number."""
+    if any("_" in field for field in fields):  # Python's float() reads "1_0" as 10: no GloVe file writes it
+        raise ValueError("a number with an underscore")
     with np.errstate(over="ignore"):  # a value past float32's range becomes inf, refused as not finite
         return np.array(fields, dtype=np.float32)
 
@@ -162,6 +166,40 @@ def _word_holding_spaces(line: str, width: int) -> tuple[str, str] | None:
     return word, " ".join(values)
 
 
+#: The first bytes of the compressed forms a GloVe file is shipped in (glove.6B.zip) or kept in.
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"PK\x03\x04": "zip", b"BZh": "bzip2", b"\xfd7zXZ": "xz"}
+
+
+def _refuse_compressed(path: Path, head: bytes) -> None:
+    """Refuse a compressed file by its first bytes, naming the format (read as text it is one undecodable byte)."""
+    for magic, kind in _COMPRESSED.items():
+        if head.startswith(magic):
+            raise AttnlabError(f"{path} is {kind}-compressed; unpack it first (a GloVe file is plain text: "
+                               "'word v1 v2 ... vd' per line), or stream it: --glove <(zcat FILE) for gzip")
+
+
+def _where_undecodable(path: Path) -> str:
+    """'; line N (byte B) cannot be decoded' for the first byte of ``path`` that is not UTF-8, counted from the
+    start of the file (a text stream's error counts within the chunk it was decoding); '' if it cannot be read
+    again (a pipe)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, lines = 0, 1
+    try:
+        with path.open("rb") as raw:
+            while chunk := raw.read(1 << 20):
+                held = decoder.getstate()[0]  # the last chunk's unfinished character, decoded with this one
+                try:
+                    decoder.decode(chunk)
+                except UnicodeDecodeError as err:  # (err.start counts in held + chunk)
+                    line = lines + (held + chunk)[:err.start].count(b"\n")
+                    return f"; line {line} (byte {offset - len(held) + err.start:,}) cannot be decoded"
+                offset += len(chunk)
+                lines += chunk.count(b"\n")
+    except OSError:
+        pass
+    return ""
+
+
 def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) -> WordVectors:
     """Stream a GloVe text file and keep the vectors of ``words``.
 
@@ -176,8 +214,8 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
     path = Path(path)
     if not path.exists():
         raise AttnlabError(f"GloVe file not found: {path}")
-    if not path.is_file():
-        raise AttnlabError(f"GloVe path is not a file: {path}")
+    if path.is_dir():  # (a pipe, such as --glove <(zcat glove.6B.100d.txt.gz), streams like a file)
+        raise AttnlabError(f"GloVe path is a folder, not a file: {path}")
     requested = dim if dim is not None else width_from_name(path)
     why = "requested with --dim" if dim is not None else f"announced by the file name {path.name!r}"
     wanted = set(words)
@@ -185,12 +223,17 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
     width: int | None = None
     count = 0
     try:
-        with path.open(encoding="utf-8-sig") as lines:  # (a byte-order mark would join the first word)
+        with path.open("rb") as raw:
+            _refuse_compressed(path, raw.peek(6)[:6])  # (peek reads ahead without consuming, in a pipe too)
+            lines = io.TextIOWrapper(raw, encoding="utf-8-sig")  # (a byte-order mark would join the first word)
             for lineno, line in enumerate(lines, start=1):
-                line = line.rstrip()
+                line = line.rstrip().lstrip(" \t")
                 if not line:
                     continue
                 word, _, rest = line.partition(" ")
+                if "\t" in word:  # a tab after the word (the values are split on any whitespace below)
+                    word, _, first = word.partition("\t")
+                    rest = f"{first} {rest}" if rest else first
                 if width is None:
                     fields = rest.split()
                     if lineno == 1 and len(fields) == 1 and word.isdigit() and fields[0].isdigit():
@@ -235,7 +278,7 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
                                            "finite (nan or inf, or past float32's range)")
     except UnicodeDecodeError as err:
         raise AttnlabError(f"{path} is not a UTF-8 text file (a GloVe file is plain text: "
-                           f"'word v1 v2 ... vd' per line); byte {err.start} cannot be decoded") from err
+                           f"'word v1 v2 ... vd' per line){_where_undecodable(path)}") from err
     except OSError as err:
         raise AttnlabError(f"cannot read {path}: {err.strerror or err}") from err
     if width is None or count == 0:

@@ -109,14 +109,17 @@ def _shown(key: str) -> str:
     return key.replace("sqrt_d", "sqrt(d)")
 
 
-def seeds_vectors(vectors: WordVectors) -> bool:
-    """Whether ``vectors`` are the ones seed 000 measured with (GloVe 6B, 100 wide): only then may this page's
-    figures equal the seed's."""
-    return vectors.dim == SEED_WIDTH and vectors.corpus == "6B"
+def matches_seed(red_wolf: dict[str, dict[str, float]]) -> bool:
+    """Whether this page's red/wolf distances are seed 000's (to the seed's three decimals, and a little float
+    rounding): the figures decide, not the file's name, whether the page computed with the seed's vectors."""
+    return all(abs(red_wolf[f"sentence{s}"][key] - seed) <= 2e-3
+               for s, figures in SEED_RED_WOLF.items() for key, seed in zip(("semantic", "with_position"), figures))
 
 
-def _red_and_wolf(exp: _Experiment, words: list[list[str]], vectors: WordVectors) -> tuple[str, dict[str, dict], bool]:
-    """The red/wolf distances in both sentences, without and with position: (html, figures, pattern holds)."""
+def _red_and_wolf(exp: _Experiment, words: list[list[str]],
+                  vectors: WordVectors) -> tuple[str, dict[str, dict], bool, bool]:
+    """The red/wolf distances in both sentences, without and with position: (html, figures, pattern holds, the
+    figures are the seed's)."""
     d = vectors.dim
     red_wolf = {}
     rows = []
@@ -135,22 +138,25 @@ def _red_and_wolf(exp: _Experiment, words: list[list[str]], vectors: WordVectors
                and far["with_position"] - far["semantic"] > near["with_position"] - near["semantic"])
     body += check(pattern, "the semantic distance is the same in both sentences, and position adds more to the pair "
                            "that stands further apart: that difference is the order information")
-    if not seeds_vectors(vectors):
-        theirs = f"{d}-wide ones" if d != SEED_WIDTH else "ones, of its width from a file not named as GloVe 6B's"
+    seeds_own = matches_seed(red_wolf)
+    if not seeds_own:
+        theirs = (f"{d}-wide ones" if d != SEED_WIDTH else
+                  "ones, as wide but not the same although the file is named as GloVe 6B's" if vectors.corpus == "6B"
+                  else "ones, of its width from a file not named as GloVe 6B's")
         body += para(f"The seed's own figures come from {SEED_GLOVE}, so they differ from this page's {theirs}:",
                      "other vectors give another semantic distance, and the encoding's share of the sum is set by",
                      "the two norms (the encoding's is sqrt(d/2), a word vector's is whatever GloVe learned). What",
                      "must carry over is the pattern, which the seed's figures show",
                      f"too{' and the check above finds here' if pattern else ' but this page does not'}. With",
                      f"<code>--glove {SEED_GLOVE}</code> the page computes with the seed's vectors.")
-    return body, red_wolf, pattern
+    return body, red_wolf, pattern, seeds_own
 
 
 def _weightings(exp: _Experiment, words: list[list[str]], groups: list[list[str]], semantic: np.ndarray,
-                vectors: WordVectors) -> tuple[str, dict[str, float], bool]:
+                d: int, seeds_own: bool) -> tuple[str, dict[str, float], bool]:
     """Sentence 1 at four weightings of meaning against position, each layout's Procrustes disparity from the
-    semantic-only ``semantic`` (11, 2): (html, disparities by weighting, their order holds)."""
-    d = vectors.dim
+    semantic-only ``semantic`` (11, 2): (html, disparities by weighting, their order holds). ``d``: the vectors'
+    width; ``seeds_own``: whether they are the seed's (see :func:`matches_seed`)."""
     sqrt_d = math.sqrt(d)
     weightings = [*WEIGHTINGS, (sqrt_d, 1.0, "sqrt_d:1", f"sqrt(d) = {sqrt_d:.2f}, the encoder's ratio")]
     layouts = [pca_layout(exp.weighted(w1, w2, 1)) for w1, w2, _, _ in weightings]
@@ -166,7 +172,7 @@ def _weightings(exp: _Experiment, words: list[list[str]], groups: list[list[str]
         disparity = {key: float(procrustes(semantic, layout)[2])
                      for (_, _, key, _), layout in zip(weightings, layouts)}
     except ValueError as err:  # degenerate layouts, e.g. when almost every word is missing
-        raise AttnlabError(f"cannot compare the layouts ({err}); does the GloVe file hold the sentences' words?") from err
+        raise AttnlabError(f"cannot compare the layouts of the sentences' words (scipy: {err})") from err
     body += para("Procrustes disparity of each layout from the semantic-only one (0 = same shape after rotation,",
                  "scaling and shifting; 1 = no relation):")
     body += table(["W1:W2", f"disparity, d = {d}", f"seed 000, d = {SEED_WIDTH}"],
@@ -179,7 +185,7 @@ def _weightings(exp: _Experiment, words: list[list[str]], groups: list[list[str]
     ordered = disparity["1:10"] > disparity["1:1"] > disparity["10:1"]
     body += check(ordered, "the more weight meaning gets, the closer the layout stays to the semantic one "
                            "(1:10 > 1:1 > 10:1), as in the seed")
-    if not seeds_vectors(vectors):
+    if not seeds_own:
         body += para(f"The seed's disparities come from {SEED_GLOVE}, other vectors than this page's, so the two",
                      "columns differ: they are compared for their order only.")
     return body, disparity, ordered
@@ -198,6 +204,10 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
     if lacking:  # a zero vector would make the red/wolf distances, and the check on them, meaningless
         raise AttnlabError(f"{vectors.source} has no vector for {' or '.join(lacking)}, which section 3 compares "
                            f"(the words it lacks: {', '.join(missing)}); use a GloVe 6B file")
+    present = matrix[[i for w, i in word_index.items() if w not in missing]]  # (present words, d)
+    if torch.unique(present, dim=0).shape[0] < 2:  # every layout below would be one point
+        raise AttnlabError(f"{vectors.source} gives the sentences' words one and the same vector: there is no "
+                           "arrangement of meaning to draw")
     embedding = torch.nn.functional.embedding(data, matrix)  # (2, L, d): a frozen lookup table
     encoding = sinusoidal_encoding(max_length, d, dtype=torch.float64)  # (L, d)
     words = [[index_to_word[i] for i in seq] for seq in sequences]
@@ -222,6 +232,11 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
     body += code(f"embedding matrix: shape {tuple(matrix.shape)} (row 0 = padding, all zeros)\n"
                  f"words with no GloVe vector: {', '.join(missing) if missing else 'none'}\n"
                  f"embedded sentences: shape {tuple(embedding.shape)}")
+    if missing:  # said where it matters, not only in the listing above
+        body += para(f"<b>{len(missing)} of the {len(word_index)} words have no vector in this file</b>",
+                     f"({esc(', '.join(missing))}): their rows are zeros, so without position they share one point,",
+                     "and the groups they belong to cannot come back together below. The figures of this section",
+                     "are those of the words that are present.")
 
     semantic = [pca_layout(exp.weighted(1.0, 0.0, s)) for s in (0, 1)]
     with_pos = [pca_layout(exp.weighted(1.0, 1.0, s)) for s in (0, 1)]
@@ -238,9 +253,9 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
                    "With the encoding added at equal weight the two panels differ: the same word now carries a "
                    "different position vector in each sentence.")
 
-    part, red_wolf, pattern = _red_and_wolf(exp, words, vectors)
+    part, red_wolf, pattern, seeds_own = _red_and_wolf(exp, words, vectors)
     body += part
-    part, disparity, ordered = _weightings(exp, words, groups, semantic[1], vectors)
+    part, disparity, ordered = _weightings(exp, words, groups, semantic[1], d, seeds_own)
     body += part
 
     numbers = {

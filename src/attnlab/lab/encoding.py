@@ -199,12 +199,22 @@ def _odd_width(max_length: int, even: _Width, odd: _Width) -> tuple[str, float]:
     # first reaches 1, and the norm its largest value, at this position.
     slowest = 10000.0 ** ((odd.d - 1) / odd.d)
     peak_position = math.pi / 2 * slowest
+    # How far these positions take the drift: the unpaired sine's square at the last one, or 1 past the peak.
+    last = max_length - 1
+    passes_peak = last >= peak_position
+    reach = 1.0 if passes_peak else math.sin(last / slowest) ** 2
+    if passes_peak:  # small widths at long lengths: the slowest column is not slow enough to stay near 0
+        extent = (f"Over {max_length} positions the norm reaches that peak and falls back as the sine turns: the "
+                  "whole of the drift.")
+    elif reach < 0.1:
+        extent = f"That column is the slowest one, so over {max_length} positions the drift is small."
+    else:
+        extent = f"Over {max_length} positions the drift grows with the position, short of its peak."
     body += para(
         f"With d = {odd.d} the last dimension is a sine with no cosine partner, so the squared norm is",
         f"{odd.d // 2} + sin&sup2;(pos / {slowest:,.0f}): it drifts from sqrt({odd.d // 2}) = {fmt(math.sqrt(odd.d // 2), 4)}",
         f"up to sqrt({odd.d // 2 + 1}) = {fmt(math.sqrt(odd.d // 2 + 1), 4)}, reached near position {peak_position:,.0f}.",
-        "The gap distance picks up a position-dependent term the same way. That column is the slowest one,",
-        f"so over {max_length} positions the drift is small; measured over all of them:",
+        "The gap distance picks up a position-dependent term the same way.", extent, "Measured at every position:",
     )
     body += table(
         ["width", "norm: min", "norm: max", "norm spread", f"gap-{GAP_K} distance spread"],
@@ -217,7 +227,8 @@ def _odd_width(max_length: int, even: _Width, odd: _Width) -> tuple[str, float]:
         "log-scale drift of the norm and of the gap distance with position, for an even and an odd width",
         "How far each property drifts from its value at position 0 (log scale). Even width: rounding noise "
         "only, the properties are exact. Odd width: both drift, orders of magnitude above the noise, "
-        "growing with the position.",
+        + (f"rising to a peak near position {peak_position:,.0f} and falling back." if passes_peak else
+           "growing with the position."),
     )
     return body, peak_position
 

@@ -8,6 +8,7 @@ both are complete, so a run that fails leaves no half-written report that looks 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -119,7 +120,8 @@ class Staging:
     Created before any work starts, so an output folder that cannot be written fails fast. When ``out``
     does not exist the staged folder is renamed to it in one step; when it does (a previous report, or
     a folder holding other files) the staging folder lives inside it and the two files are moved in,
-    ``numbers.json`` first and ``index.html`` last. Other files in ``out`` are never touched.
+    ``numbers.json`` first and ``index.html`` last (also when the folder appears while the run works: another
+    run, or a user). Other files in ``out`` are never touched.
     """
 
     def __init__(self, out: str | Path) -> None:
@@ -168,15 +170,25 @@ class Staging:
         try:
             (self.path / NUMBERS_NAME).write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
             (self.path / HTML_NAME).write_text(html, encoding="utf-8")
-            if self._into_existing:
-                for name in (NUMBERS_NAME, HTML_NAME):  # the page last: its presence means "complete"
-                    with atomic_path(self.out / name) as tmp:  # (through a symlink to its target, as files write)
-                        shutil.copyfile(self.path / name, tmp)
-                    (self.path / name).unlink()
-                self.path.rmdir()
-            else:
-                os.rename(self.path, self.out)
+            if not self._into_existing and self._renamed():
+                return self.out
+            for name in (NUMBERS_NAME, HTML_NAME):  # the page last: its presence means "complete"
+                with atomic_path(self.out / name) as tmp:  # (through a symlink to its target, as files write)
+                    shutil.copyfile(self.path / name, tmp)
+                (self.path / name).unlink()
+            self.path.rmdir()
         except OSError as err:
             self.discard()
             raise AttnlabError(f"cannot write the report to {self.out}: {err.strerror or err}") from err
         return self.out
+
+    def _renamed(self) -> bool:
+        """Rename the staging folder to the report folder; False if a folder of that name has appeared meanwhile
+        (another run, or a user: its files are then moved in as into any existing folder)."""
+        try:
+            os.rename(self.path, self.out)
+        except OSError as err:
+            if err.errno in (errno.ENOTEMPTY, errno.EEXIST) and self.out.is_dir():
+                return False
+            raise
+        return True
