@@ -409,7 +409,7 @@ def test_a_failed_checkpoint_write_leaves_the_good_one(trained, tmp_path, monkey
 
     monkeypatch.setattr("attnlab.training.checkpoint.save_file", dies)
     model = torch.nn.Linear(2, 2)
-    with pytest.raises(OSError):
+    with pytest.raises(AttnlabError, match=f"cannot write {run_dir / 'checkpoint'}: No space left on device"):
         save_checkpoint(run_dir, model, torch.optim.AdamW(model.parameters()), {"step": 999})
     after = load_file(run_dir / "checkpoint" / "model.safetensors")
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
@@ -640,3 +640,24 @@ def test_a_run_whose_labels_do_not_match_its_model_is_one_error_line(trained, tm
         (folder / "config.json").write_text(json.dumps(config))
         said = one_error_line(run("predict", folder, "where is my parcel"))
         assert "labels" in said and "mixes files of different runs" in said
+
+
+def test_a_run_finished_meanwhile_in_the_same_new_folder_is_not_replaced(tmp_path, monkeypatch):
+    """A run another process started into the same new folder, and finished between this one's first check and
+    its lock, is refused again under the lock, not replaced (both ended with status 0, the second run's files in
+    the folder)."""
+    import attnlab.tasks.classify_train
+    from attnlab.files import ensure_writable_dir
+
+    def finished_meanwhile(path):
+        made = ensure_writable_dir(path)
+        (made / "config.json").write_text('{"task": "classify", "theirs": true}')
+        return made
+
+    monkeypatch.setattr(attnlab.tasks.classify_train, "ensure_writable_dir", finished_meanwhile)
+    out = tmp_path / "race"
+    train = write_tickets(tmp_path / "t.csv", 40)
+    result = run("train", "classify", "--train", train, "--out", out, *SMALL, "--steps", "2")
+    assert result.exit_code == 2 and result.stderr.splitlines()[-1].endswith("already holds a run; pass --resume to "
+                                                                              "continue it or choose another --out")
+    assert [p.name for p in out.iterdir()] == ["config.json"] and "theirs" in (out / "config.json").read_text()

@@ -234,3 +234,17 @@ def test_what_names_a_stream_is_told_by_the_links_real_folders_not_by_the_paths_
         os.close(fd)
     # a regular file under /dev (/dev/shm holds them) is replaced like any other, not appended to
     assert not _names_a_stream(Path("/dev/shm/result.json")) and not _names_a_stream(tmp_path / "log.txt")
+
+
+def test_a_file_of_any_legal_name_is_written_through_a_temporary_of_a_legal_name(tmp_path):
+    """The temporary adds a dot, the process id, a random part and .tmp: beside a 250-byte name it was too long."""
+    from attnlab.files import atomic_path, temporary_stem
+
+    for name in ("é" * 125, "x" * 254):  # 250 and 254 bytes: legal names
+        with atomic_path(tmp_path / name) as tmp:
+            assert len(os.fsencode(tmp.name)) <= 255
+            tmp.write_text("done")
+        assert (tmp_path / name).read_text() == "done"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert temporary_stem("short.txt") == "short.txt"
+    assert temporary_stem("a" * 254) != temporary_stem("a" * 253 + "b")  # two long names keep apart

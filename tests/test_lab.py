@@ -623,3 +623,30 @@ def test_vectors_all_alike_are_one_error_line_without_library_warnings_before_it
                            str(tmp_path / "report"), "--max-length", "11"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "RuntimeWarning" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith("error: ")
+
+
+def test_a_report_into_an_existing_folder_is_published_by_renames_that_need_no_space(tmp_path, monkeypatch):
+    """Copied in, the page could fail for a full disk after the numbers had been replaced: a pair of two runs."""
+    import errno
+    import shutil
+
+    from attnlab.lab.report import Staging
+
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "numbers.json").write_text('{"old": 1}')
+    (out / "index.html").write_text("<p>old</p>")
+    os.chmod(out / "index.html", 0o640)
+    real_copy = shutil.copyfile
+
+    def full_disk(source, target, *args, **kwargs):
+        if Path(source).name == "index.html":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_copy(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "copyfile", full_disk)
+    Staging(out).write("<p>new</p>", {"new": 1})
+    assert (out / "index.html").read_text() == "<p>new</p>" and json.loads((out / "numbers.json").read_text()) == {
+        "new": 1}
+    assert (out / "index.html").stat().st_mode & 0o777 == 0o640  # the replaced file's permissions kept
+    assert sorted(p.name for p in out.iterdir()) == ["index.html", "numbers.json"]

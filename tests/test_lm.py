@@ -939,3 +939,39 @@ def test_a_run_another_process_trains_in_is_refused_and_left_as_it_is(run, tmp_p
             f"error: {busy} is in use: another attnlab process is training into it (after a killed torchrun, its "
             "workers may still be running); let it end or stop it, or choose another --out\n")
     assert {p: p.read_bytes() for p in busy.rglob("*") if p.is_file()} == before
+
+
+def test_a_run_finished_meanwhile_in_the_same_new_folder_is_not_replaced(run, tmp_path, monkeypatch):
+    """A run another process started into the same new folder, and finished between this one's first check and
+    its lock, is refused again under the lock, not replaced (both ended with status 0, the second run's files in
+    the folder)."""
+    import attnlab.tasks.lm_train
+    from attnlab.files import ensure_writable_dir
+
+    def finished_meanwhile(path):
+        made = ensure_writable_dir(path)
+        (made / "config.json").write_text('{"task": "lm", "theirs": true}')
+        return made
+
+    monkeypatch.setattr(attnlab.tasks.lm_train, "ensure_writable_dir", finished_meanwhile)
+    out = tmp_path / "race"
+    result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", out, *TINY)
+    assert result.exit_code == 2 and "already holds a run" in result.stderr, result.output
+    assert [p.name for p in out.iterdir()] == ["config.json"] and "theirs" in (out / "config.json").read_text()
+
+
+def test_a_full_disk_while_saving_is_one_line_naming_the_file(run, tmp_path, monkeypatch):
+    """safetensors raises its own error for a failed write, which reached the user as a traceback."""
+    from safetensors import SafetensorError
+
+    import attnlab.training.checkpoint
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(attnlab.training.checkpoint, "save_model", full)
+    out = tmp_path / "full"
+    result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", out, *TINY)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.stderr.splitlines()[-1].startswith(f"error: cannot write {out}/")
+    assert result.stderr.splitlines()[-1].endswith("No space left on device (os error 28)")

@@ -114,9 +114,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def temporary_stem(name: str) -> str:
+    """``name``, or, for a name too long to take a temporary's additions (a file system holds 255 bytes a name),
+    its first characters and a digest of the whole: a temporary beside any legal name is legal too."""
+    if len(os.fsencode(name)) <= 200:
+        return name
+    head, size = [], 0
+    for char in name:  # whole characters, up to 150 bytes
+        size += len(os.fsencode(char))
+        if size > 150:
+            break
+        head.append(char)
+    return "".join(head) + "~" + hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
+
+
 def _temporary_prefix(path: Path) -> str:
     """``.NAME.PID.``: the temporaries of ``path`` name their writer, so that abandoned ones can be told apart."""
-    return f".{path.name}.{os.getpid()}."
+    return f".{temporary_stem(path.name)}.{os.getpid()}."
 
 
 def remove_abandoned(parent: Path, form: re.Pattern[str]) -> None:
@@ -143,7 +157,7 @@ def remove_abandoned(parent: Path, form: re.Pattern[str]) -> None:
 def _remove_abandoned(path: Path) -> None:
     """Remove temporaries of ``path`` left by dead writers: names of exactly :func:`_temporary_prefix`'s form
     (``.hyp.txt.1.PID.*.tmp`` belongs to ``hyp.txt.1``, not ``hyp.txt``; mkstemp's random part has no dot)."""
-    remove_abandoned(path.parent, re.compile(re.escape(f".{path.name}.") + r"(\d{1,9})\.[^.]+\.tmp"))
+    remove_abandoned(path.parent, re.compile(re.escape(f".{temporary_stem(path.name)}.") + r"(\d{1,9})\.[^.]+\.tmp"))
 
 
 def _umask() -> int:

@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from attnlab.errors import AttnlabError
-from attnlab.files import atomic_path, remove_abandoned
+from attnlab.files import atomic_path, remove_abandoned, temporary_stem
 from attnlab.lab.html import Section, esc
 
 HTML_NAME = "index.html"
@@ -139,7 +139,7 @@ class Staging:
         parent = self.out if self._into_existing else self.out.absolute().parent
         # The folders this run creates, removed again if it fails: a failed run leaves nothing behind.
         self._made = [a for a in (parent, *parent.parents) if not a.exists()]
-        prefix = f".{self.out.name or 'report'}.partial-"
+        prefix = f".{temporary_stem(self.out.name or 'report')}.partial-"
         try:
             parent.mkdir(parents=True, exist_ok=True)
             # The process id in the name lets a later run tell a staging folder whose writer was killed.
@@ -173,14 +173,30 @@ class Staging:
             if not self._into_existing and self._renamed():
                 return self.out
             for name in (NUMBERS_NAME, HTML_NAME):  # the page last: its presence means "complete"
-                with atomic_path(self.out / name) as tmp:  # (through a symlink to its target, as files write)
-                    shutil.copyfile(self.path / name, tmp)
-                (self.path / name).unlink()
+                self._move_in(name)
             self.path.rmdir()
         except OSError as err:
             self.discard()
             raise AttnlabError(f"cannot write the report to {self.out}: {err.strerror or err}") from err
         return self.out
+
+    def _move_in(self, name: str) -> None:
+        """Move one staged file into the report folder by a rename, which needs no space: copied, the page could
+        fail for a full disk after the numbers had been replaced, leaving a pair of two runs. A link is written
+        through to its target, as every file is; a target on another file system is copied there."""
+        target = self.out / name
+        if target.is_symlink():
+            target = Path(os.path.realpath(target))
+        if target.is_file():  # the permissions of the file it replaces, as any write through atomic_path keeps
+            os.chmod(self.path / name, target.stat().st_mode & 0o7777)
+        try:
+            os.replace(self.path / name, target)
+        except OSError as err:
+            if err.errno != errno.EXDEV:
+                raise
+            with atomic_path(target) as tmp:
+                shutil.copyfile(self.path / name, tmp)
+            (self.path / name).unlink()
 
     def _renamed(self) -> bool:
         """Rename the staging folder to the report folder; False if a folder of that name has appeared meanwhile

@@ -40,7 +40,6 @@ from attnlab.tasks.classify_models import TextClassifier
 from attnlab.tasks.tables import Table, check_classes, read_table, split_off
 from attnlab.training import TrainConfig, Trainer, distributed, seed_everything
 from attnlab.training.checkpoint import (
-    CONFIG,
     RESULT,
     TOKENIZER,
     WEIGHTS,
@@ -52,6 +51,7 @@ from attnlab.training.checkpoint import (
     model_config,
     read_run_config,
     refuse_ended,
+    refuse_existing_run,
     refuse_input_in_run,
     refuse_restart_over_a_report,
     write_run_config,
@@ -557,8 +557,8 @@ def train_classifier(
     length: dict[str, int] = {}
     if resume:
         saved, settings, length = _resumed_settings(out, train_path, valid_path, requested, note)
-    elif (out / CONFIG).exists():  # every process checks, before the barrier below lets rank 0 write
-        raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    else:  # every process checks, before the barrier below lets rank 0 write
+        refuse_existing_run(out)
     settings.check(new_run=saved is None)
     if saved is None:
         for line in unused_options(settings, requested, valid_path is not None):
@@ -606,6 +606,7 @@ def train_classifier(
         existed = Path(out).exists()
         if saved is None and main:
             ensure_writable_dir(out)
+            refuse_existing_run(out)  # again, now that the folder is locked
             tokenizer.save(out / TOKENIZER)
             write_run_config(out, _new_run_config(model, tokenizer, trained, data, settings, config, train_path,
                                                   valid_path, truncated={"train": train_enc.truncated,

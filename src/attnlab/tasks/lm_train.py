@@ -43,7 +43,6 @@ from attnlab.tasks.lm import (
 )
 from attnlab.training import TrainConfig, distributed, seed_everything
 from attnlab.training.checkpoint import (
-    CONFIG,
     METRICS_FILE,
     RESULT,
     TOKENIZER,
@@ -55,6 +54,7 @@ from attnlab.training.checkpoint import (
     read_metrics,
     read_run_config,
     refuse_ended,
+    refuse_existing_run,
     refuse_input_in_run,
     refuse_restart_over_a_report,
     write_run_config,
@@ -348,8 +348,8 @@ def train_language_model(
     if resume:  # the saved settings win: a resumed run must repeat the steps of the one it continues
         run_config, settings, resume = _resumed_settings(out, None if data is not None else text, requested or {},
                                                          task_name)
-    elif (Path(out) / CONFIG).exists():  # every process checks, before the barrier below lets rank 0 write
-        raise AttnlabError(f"{out} already holds a run; continue it with --resume or choose another --out")
+    else:  # every process checks, before the barrier below lets rank 0 write
+        refuse_existing_run(out)
     if settings.bf16 is None:  # (a preset's "where it is fast"; a resumed run has its saved True or False)
         settings = replace(settings, bf16=has_fast_bf16(distributed.choose_device()))
     config = settings.train_config(progress)
@@ -390,6 +390,8 @@ def train_language_model(
         place = distributed.checked_by_all(config.device)
         # only now: a setting the model or the data refuse leaves no folder behind
         out = ensure_writable_dir(out) if main else Path(out)
+        if main and run_config is None:  # again, now that the folder is locked (see refuse_existing_run)
+            refuse_existing_run(out)
         if main and saved_tokenizer is None:
             data.tokenizer.save(out / TOKENIZER)
         run_config = _run_config(task_name, model, text, data, settings, config, selection=selection,

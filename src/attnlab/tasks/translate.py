@@ -49,7 +49,6 @@ from attnlab.tasks.parallel_data import (
 )
 from attnlab.training import Batch, TrainConfig, TrainResult, distributed, seed_everything
 from attnlab.training.checkpoint import (
-    CONFIG,
     RESULT,
     TOKENIZER,
     build_model,
@@ -58,6 +57,7 @@ from attnlab.training.checkpoint import (
     model_config,
     read_run_config,
     refuse_ended,
+    refuse_existing_run,
     refuse_restart_over_a_report,
     register_model,
     write_run_config,
@@ -409,9 +409,8 @@ def train_translation(
         model_kwargs = {k: saved_model[k] for k in ("max_src_positions", "max_tgt_positions")}
         sizes = (saved_model.get("src_vocab_size"), saved_model.get("tgt_vocab_size"))
         src_tok, tgt_tok = load_tokenizers(out, settings, None if None in sizes else sizes)
-    elif (out / CONFIG).exists():  # every process checks, before the barrier below lets rank 0 write
-        raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     else:
+        refuse_existing_run(out)  # every process checks, before the barrier below lets rank 0 write
         model_kwargs = {**RECIPE_MODEL, **(model_kwargs or {})}
         if share_embeddings and not settings.joint_vocab:
             raise AttnlabError("shared embeddings need the joint vocabulary (--joint-vocab) or --no-share-embeddings")
@@ -445,6 +444,7 @@ def train_translation(
         distributed.checked_by_all(config.device)
         if main:
             ensure_writable_dir(out)  # (and locked now, before the first file is written)
+            refuse_existing_run(out)  # again, now that the folder is locked
             save_tokenizers(out, src_tok, tgt_tok, settings)
             write_run_config(out, {"task": TASK, "model": model_config(model), "train": config_dict(config),
                                    "settings": asdict(settings), "data": _data_record(settings, train=train, valid=valid)})

@@ -17,9 +17,11 @@ Every file and the checkpoint folder are written under a temporary name and rena
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -156,9 +158,22 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
+@contextlib.contextmanager
+def _said_by_path(path: str | Path) -> Iterator[None]:
+    """Turn a failed write (a full disk, a file-size limit) into one :class:`AttnlabError` that names ``path``:
+    safetensors raises its own error type, which the command line would show as a traceback, and the system's
+    error for a full disk names no file."""
+    try:
+        yield
+    except SafetensorError as err:
+        raise AttnlabError(f"cannot write {path}: {err}") from err
+    except OSError as err:
+        raise AttnlabError(f"cannot write {path}: {err.strerror or err}") from err
+
+
 def save_weights(model: nn.Module, path: str | Path) -> None:
     """Write the model's weights as safetensors, atomically. Tied weights are stored once."""
-    with atomic_path(path) as tmp:
+    with _said_by_path(path), atomic_path(path) as tmp:
         save_model(unwrap(model), str(tmp))
 
 
@@ -229,6 +244,14 @@ def build_model(spec: dict[str, Any]) -> nn.Module:
         return cls(**spec["kwargs"])
     except (KeyError, TypeError, ValueError, RuntimeError) as err:  # RuntimeError: torch refusing a size
         raise AttnlabError(f"model description in the config is not usable: {err}") from err
+
+
+def refuse_existing_run(out: str | Path) -> None:
+    """Refuse to start a new run in ``out`` if it holds one (its config.json). A task checks before it reads
+    anything, and again once it holds the folder's lock (:func:`~attnlab.files.ensure_writable_dir`): a run that
+    another process started into the same new folder, and finished meanwhile, is not replaced."""
+    if (Path(out) / CONFIG).exists():
+        raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
 
 
 def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> None:
@@ -314,7 +337,7 @@ def save_checkpoint(
     for index, per_param in state["state"].items():
         for key, value in per_param.items():
             tensors[f"state.{index}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
-    with atomic_dir(Path(run_dir) / CHECKPOINT) as tmp:
+    with _said_by_path(Path(run_dir) / CHECKPOINT), atomic_dir(Path(run_dir) / CHECKPOINT) as tmp:
         save_model(unwrap(model), str(tmp / WEIGHTS))
         if averaged is not None:
             save_model(averaged, str(tmp / AVERAGED))
