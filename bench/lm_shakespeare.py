@@ -13,8 +13,8 @@ Runs, one after the other in this one invocation:
    same with ``--compile``;
 3. ``attnlab generate`` on run 2, 500 new tokens, with and without the KV cache (issue: >= 5x faster).
 
-Every ratio with a verdict (MET / NOT MET) is a same-run ratio: against the re-created recipe of step 0 and, when
-given, nanoGPT itself, both run here. The issue's nanoGPT measurements (this machine kind, 2026-11-29) are printed
+Every ratio with a verdict (MET / NOT MET) is a same-run ratio: against the re-created recipe of step 0, nanoGPT
+itself when given, or another attnlab run of this invocation. The issue's nanoGPT measurements (this machine kind, 2026-11-29) are printed
 beside them for context only, never judged against: they were not measured in this run. Every attnlab figure is measured in this run, and the machine's matmul peak is measured inside each
 training run, in the precision it computes in (bfloat16 for an autocast run); the throughput ceiling of the nanoGPT configuration's matrix products alone is printed too.
 Generation is also timed at nanoGPT's own Shakespeare context of 256 (a model trained for one step: the speed
@@ -190,6 +190,8 @@ def main() -> None:
     if args.nanogpt_checkout is not None:  # before minutes of other runs, and before any folder is made
         refuse_checkout(args.nanogpt_checkout.resolve(), args.text.resolve())
     out = args.out or Path(tempfile.mkdtemp(prefix="lm_shakespeare_"))
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"error: --out {out} is not a folder")
     planned = ([] if args.skip_fast else ["fast"]) + ([] if args.skip_nanogpt else ["nanogpt", "nanogpt-compiled",
                                                                                     "context256"])
     planned += ["nanogpt-itself"] if args.nanogpt_checkout is not None else []
@@ -282,7 +284,7 @@ def main() -> None:
                 f"tokens/s on this machine now" + "".join(f"; {ceiling / rate:.2f} x the tokens/s of {name}"
                                                           for name, rate in measured))
     print(f"after: {load()}")
-    print("\nVerdicts are on 'same run' ratios, against step 0 (and 0'); the issue's figures are context only.")
+    print("\nVerdicts are on ratios measured in this run; the issue's figures are context only.")
     for row in rows:
         print(row)
     print(f"runs in {out}")

@@ -125,7 +125,7 @@ def main() -> None:
     def lr_at(it: int) -> float:
         if it < warmup:
             return lr * (it + 1) / (warmup + 1)
-        if it > decay_iters:
+        if it > decay_iters or decay_iters <= warmup:  # (a run no longer than its warmup has no decay)
             return min_lr
         ratio = (it - warmup) / (decay_iters - warmup)
         return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)

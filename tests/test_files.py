@@ -248,3 +248,27 @@ def test_a_file_of_any_legal_name_is_written_through_a_temporary_of_a_legal_name
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     assert temporary_stem("short.txt") == "short.txt"
     assert temporary_stem("a" * 254) != temporary_stem("a" * 253 + "b")  # two long names keep apart
+
+
+def test_a_link_to_a_folder_that_does_not_exist_is_refused_by_name(tmp_path):
+    from attnlab.files import ensure_writable_dir
+
+    (tmp_path / "out").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(AttnlabError, match=f"out is a link to {tmp_path / 'nowhere'}, which does not exist"):
+        ensure_writable_dir(tmp_path / "out")  # (mkdir said only "File exists")
+
+
+def test_a_full_disk_while_writing_is_said_by_the_file_name(tmp_path):
+    """The system's error for a full disk names no file: the command line said only 'No space left on device'."""
+    import errno
+
+    target = tmp_path / "config.json"
+    target.write_text("old")
+    with pytest.raises(AttnlabError, match=f"cannot write {target}: No space left on device"):
+        with atomic_path(target) as tmp:
+            tmp.write_text("new, half")
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["config.json"]
+    with pytest.raises(PermissionError):  # other errors are left as they are
+        with atomic_path(target):
+            raise PermissionError(errno.EACCES, "Permission denied")

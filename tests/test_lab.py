@@ -446,6 +446,13 @@ def test_a_glove_file_through_a_pipe_with_a_tab_or_a_leading_space_loads(tmp_pat
                                                                     "wolf": [7, 8, 9]}
     with pytest.raises(AttnlabError, match="is a folder, not a file"):
         load_text(tmp_path, ["king"])
+    bzh = tmp_path / "bzh.txt"  # bzip2's signature begins "BZh": a word may too
+    bzh.write_text("BZhello 1 2 3\nking 4 5 6\n", encoding="utf-8")
+    assert load_text(bzh, ["king"]).vectors["king"].tolist() == [4, 5, 6]
+    cut = tmp_path / "cut.txt"  # the file ends inside a character
+    cut.write_bytes(b"king 1 2 3\ncaf\xc3")
+    with pytest.raises(AttnlabError, match=r"line 2 \(byte 14\) cannot be decoded"):
+        load_text(cut, ["king"])
     underscored = tmp_path / "u.txt"
     underscored.write_text("king 1_0 2\n", encoding="utf-8")  # float() would read 10
     with pytest.raises(AttnlabError, match="the values for 'king' are not all numbers"):
@@ -650,3 +657,25 @@ def test_a_report_into_an_existing_folder_is_published_by_renames_that_need_no_s
         "new": 1}
     assert (out / "index.html").stat().st_mode & 0o777 == 0o640  # the replaced file's permissions kept
     assert sorted(p.name for p in out.iterdir()) == ["index.html", "numbers.json"]
+
+
+def test_a_report_file_that_is_a_pipe_or_a_device_is_written_into_not_replaced(tmp_path):
+    import stat
+    import threading
+
+    from attnlab.lab.report import Staging
+
+    out = tmp_path / "r"
+    out.mkdir()
+    os.mkfifo(out / "numbers.json")  # a reader waits on it (as on the file /dev/stdout names: written in place)
+    got = []
+    reader = threading.Thread(target=lambda: got.append((out / "numbers.json").read_text()), daemon=True)
+    reader.start()
+    Staging(out).write("<p>page</p>", {"a": 1})
+    reader.join(timeout=10)
+    assert stat.S_ISFIFO((out / "numbers.json").lstat().st_mode) and json.loads(got[0]) == {"a": 1}
+    (out / "numbers.json").unlink()
+    (out / "numbers.json").symlink_to(os.devnull)
+    Staging(out).write("<p>again</p>", {"a": 2})
+    assert (out / "numbers.json").is_symlink() and Path(os.devnull).is_char_device()
+    assert (out / "index.html").read_text() == "<p>again</p>"

@@ -361,6 +361,13 @@ def test_reset_parameters_after_to_empty_ties_the_output_matrix_to_the_embedding
     empty.load_state_dict(made.state_dict())
     assert empty.get_submodule(output).weight is empty.get_submodule(embedding).weight
     assert empty.num_parameters() == made.num_parameters()
+
+    class OwnInit(DecoderLM):  # a subclass whose own initialisation does not call DecoderLM's
+        def reset_parameters(self):
+            torch.nn.init.zeros_(self.lm_head.weight)
+
+    own = OwnInit(20, 16, 2, 2, max_positions=8)
+    assert own.lm_head.weight is own.body.embed.tokens.weight
     untied = Transformer(20, 22, 16, 1, 2, 32)  # a model that does not tie keeps two matrices
     untied.reset_parameters()
     assert untied.output.weight is not untied.decoder.embed.tokens.weight
@@ -525,3 +532,5 @@ def test_masked_mean_takes_its_padding_mask_by_keyword_and_refuses_one_of_anothe
         masked_mean(states, attend_mask=torch.tensor([[[[0.0, 0.0, float("-inf")]]]]))  # additive
     with pytest.raises(AttnlabError, match="rank 2"):
         masked_mean(states, attend_mask=torch.tensor([[True, True, False]]))
+    with pytest.raises(AttnlabError, match="a mask of batch 1 for states of batch 2"):
+        masked_mean(states.expand(2, 3, 1), attend_mask=keep)  # one row's padding spread over both

@@ -111,11 +111,18 @@ def test_rotary_turns_pair_2j_2j_plus_1_by_position_times_base_to_the_minus_2j_o
     (lambda: SinusoidalPositions(0, 6), "max_positions must be a whole number >= 1, got 0"),
     (lambda: LearnedPositions(0, 6), "max_positions must be a whole number >= 1, got 0"),
     (lambda: LearnedPositions(4, 6.0), "d must be a whole number >= 1, got 6.0"),
-    (lambda: SinusoidalPositions(4, 6)(True), "takes a length and an offset"),
-    (lambda: LearnedPositions(4, 6)(2, offset=False), "takes a length and an offset"),
+    (lambda: SinusoidalPositions(4, 6)(True), "got True as the length"),
+    (lambda: LearnedPositions(4, 6)(2, offset=False), "got False as the offset"),
     (lambda: RotaryEmbedding(4, 8)(torch.ones(1, 1, 3, 2)), r"rotates \(..., seq, 4\) queries and keys, got shape \(1, 1, 3, 2\)"),
     (lambda: RotaryEmbedding(4, 8)(torch.ones(1, 1, 3, 6)), r"got shape \(1, 1, 3, 6\)"),
 ])
 def test_position_modules_refuse_sizes_that_are_not_whole_numbers_and_inputs_of_another_width(make, message):
     with pytest.raises(AttnlabError, match=message):
         make()
+
+
+def test_sizes_given_as_numpy_integers_are_whole_numbers():
+    from attnlab.nn.attention import KVCache
+
+    assert sinusoidal_encoding(np.int64(5), np.int32(4)).shape == (5, 4)
+    KVCache().truncate(np.int64(0))

@@ -137,6 +137,9 @@ def test_an_output_that_would_replace_an_input_or_a_run_file_is_refused_before_a
         # a folder, said before the decoding (it was said after all of it)
         (evaluate + [tmp_path], f"error: --hyp-out {tmp_path} is a folder; give a file name to write"),
         (["translate", run, "--input", src, "--output", tmp_path], f"error: --output {tmp_path} is a folder"),
+        # likewise a place no file can be written (here: under a file)
+        (["translate", run, "--input", src, "--output", src / "out.yy"],
+         f"error: --output {src / 'out.yy'}: {src} is not a folder this command can write in"),
         (["translate", run, "ka", "--max-len-a", "0", "--max-len-b", "0"],
          "error: max_len_a 0 and max_len_b 0 (--max-len-a, --max-len-b) allow no token"),
     ]

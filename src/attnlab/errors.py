@@ -26,6 +26,15 @@ def check_count(name: str, value: object, minimum: int = 1) -> int:
     return value
 
 
+def whole_number(name: str, value: object, minimum: int = 0) -> int:
+    """``value`` as an ``int`` if it is a whole number >= ``minimum`` (numpy's integers too, not a bool), else an
+    :class:`AttnlabError`: for sizes given to functions, where :func:`check_count`'s JSON-config rule does not
+    apply."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise AttnlabError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return int(value)
+
+
 def check_probability(name: str, value: object) -> float:
     """Return ``value`` if it is a number in [0, 1] (a dropout rate), else raise :class:`AttnlabError`: torch
     says so only at the first forward, or not at all (NaN)."""

@@ -9,6 +9,7 @@ reader sees the old file or the new one, never a mixture. :func:`holding_run_fol
 from __future__ import annotations
 
 import codecs
+import errno
 import gzip
 import hashlib
 import json
@@ -166,6 +167,11 @@ def _umask() -> int:
     return mask
 
 
+#: The errors of a write that the disk, not the program, refused: a full disk or quota, a file-size limit
+#: (``ulimit -f``), a failing device, a file system mounted read-only.
+WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is renamed to ``path``, on error removed.
@@ -204,8 +210,41 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         _fsync(tmp_path)
         os.replace(tmp_path, path)
         _fsync(path.parent)
+    except OSError as err:
+        if err.errno in WRITE_FAILURES:  # said by the file's name: the system's message names none
+            raise AttnlabError(f"cannot write {path}: {err.strerror}") from err
+        raise
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def move_into_place(source: Path, target: str | Path) -> None:
+    """Move the complete file ``source`` to ``target`` by a rename, which needs no space and leaves no half-written
+    file, as :func:`atomic_path` would write it: through a link to its target, with the permissions of the file it
+    replaces, flushed to the disk. A device, a pipe or a stream (see :func:`atomic_path`), and a target on another
+    file system, are written through :func:`atomic_path` instead."""
+    target = Path(target)
+    if target.exists() and (not target.is_file() or _names_a_stream(target)):
+        moved = False
+    else:
+        if target.is_symlink():
+            target = Path(os.path.realpath(target))
+        if target.is_file():
+            os.chmod(source, target.stat().st_mode & 0o7777)
+        _fsync(source)
+        try:
+            os.replace(source, target)
+            moved = True
+        except OSError as err:
+            if err.errno != errno.EXDEV:
+                raise
+            moved = False
+    if moved:
+        _fsync(target.parent)
+        return
+    with atomic_path(target) as tmp:
+        shutil.copyfile(source, tmp)
+    source.unlink()
 
 
 #: A process's open file as /proc names it (/dev/stdout and /dev/fd/N are links to it).
@@ -277,7 +316,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
                 file.chmod(0o666 & ~_umask())  # safetensors writes its files private (0600)
                 _fsync(file)  # the old folder goes once the new one is in place: the new one's data must be on disk
         _fsync(tmp)
-        old = path.with_name(path.name + ".old")
+        old = path.with_name(temporary_stem(path.name) + ".old")
         if old.exists():
             shutil.rmtree(old)
         if path.exists():
@@ -292,7 +331,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
 def recover_dir(path: str | Path) -> None:
     """If a crash struck between the two renames of :func:`atomic_dir`, put the old folder back."""
     path = Path(path)
-    old = path.with_name(path.name + ".old")
+    old = path.with_name(temporary_stem(path.name) + ".old")
     if not path.exists() and old.exists():
         os.replace(old, path)
 
@@ -304,6 +343,9 @@ def refuse_non_folder(path: str | Path, option: str = "") -> None:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise AttnlabError(f"{path} exists and is not a folder" + (f"; {option} names a folder" if option else ""))
+    if path.is_symlink() and not path.exists():  # (creating the folder would fail with a bare "File exists")
+        raise AttnlabError(f"{path} is a link to {os.readlink(path)}, which does not exist; make that folder or "
+                           f"give another {option or 'path'}")
 
 
 def ensure_writable_dir(path: str | Path) -> Path:

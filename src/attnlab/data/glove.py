@@ -167,13 +167,15 @@ def _word_holding_spaces(line: str, width: int) -> tuple[str, str] | None:
 
 
 #: The first bytes of the compressed forms a GloVe file is shipped in (glove.6B.zip) or kept in.
-_COMPRESSED = {b"\x1f\x8b": "gzip", b"PK\x03\x04": "zip", b"BZh": "bzip2", b"\xfd7zXZ": "xz"}
+_COMPRESSED = {re.compile(b"\x1f\x8b"): "gzip", re.compile(b"PK\x03\x04"): "zip",
+               re.compile(b"BZh[1-9]1AY&SY"): "bzip2", re.compile(b"\xfd7zXZ\x00"): "xz"}
 
 
 def _refuse_compressed(path: Path, head: bytes) -> None:
-    """Refuse a compressed file by its first bytes, naming the format (read as text it is one undecodable byte)."""
+    """Refuse a compressed file by its first bytes, naming the format (read as text it is one undecodable byte).
+    The signatures are whole (bzip2's "BZh" alone may begin a word)."""
     for magic, kind in _COMPRESSED.items():
-        if head.startswith(magic):
+        if magic.match(head):
             raise AttnlabError(f"{path} is {kind}-compressed; unpack it first (a GloVe file is plain text: "
                                "'word v1 v2 ... vd' per line), or stream it: --glove <(zcat FILE) for gzip")
 
@@ -182,22 +184,26 @@ def _where_undecodable(path: Path) -> str:
     """'; line N (byte B) cannot be decoded' for the first byte of ``path`` that is not UTF-8, counted from the
     start of the file (a text stream's error counts within the chunk it was decoding); '' if it cannot be read
     again (a pipe)."""
+    if not path.is_file():  # a pipe read again would go on from where the reader stopped
+        return ""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset, lines = 0, 1
     try:
         with path.open("rb") as raw:
-            while chunk := raw.read(1 << 20):
+            while True:
+                chunk = raw.read(1 << 20)
                 held = decoder.getstate()[0]  # the last chunk's unfinished character, decoded with this one
                 try:
-                    decoder.decode(chunk)
+                    decoder.decode(chunk, final=not chunk)  # (at the end: a character cut off by the file's end)
                 except UnicodeDecodeError as err:  # (err.start counts in held + chunk)
                     line = lines + (held + chunk)[:err.start].count(b"\n")
                     return f"; line {line} (byte {offset - len(held) + err.start:,}) cannot be decoded"
+                if not chunk:
+                    return ""
                 offset += len(chunk)
                 lines += chunk.count(b"\n")
     except OSError:
-        pass
-    return ""
+        return ""
 
 
 def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) -> WordVectors:
@@ -224,7 +230,7 @@ def load_text(path: str | Path, words: Iterable[str], dim: int | None = None) ->
     count = 0
     try:
         with path.open("rb") as raw:
-            _refuse_compressed(path, raw.peek(6)[:6])  # (peek reads ahead without consuming, in a pipe too)
+            _refuse_compressed(path, raw.peek(10)[:10])  # (peek reads ahead without consuming, in a pipe too)
             lines = io.TextIOWrapper(raw, encoding="utf-8-sig")  # (a byte-order mark would join the first word)
             for lineno, line in enumerate(lines, start=1):
                 line = line.rstrip().lstrip(" \t")

@@ -147,8 +147,10 @@ def _red_and_wolf(exp: _Experiment, words: list[list[str]],
                      "other vectors give another semantic distance, and the encoding's share of the sum is set by",
                      "the two norms (the encoding's is sqrt(d/2), a word vector's is whatever GloVe learned). What",
                      "must carry over is the pattern, which the seed's figures show",
-                     f"too{' and the check above finds here' if pattern else ' but this page does not'}. With",
-                     f"<code>--glove {SEED_GLOVE}</code> the page computes with the seed's vectors.")
+                     f"too{' and the check above finds here' if pattern else ' but this page does not'}.",
+                     "With GloVe 6B's own 100-wide file the page computes with the seed's vectors." if vectors.corpus
+                     == "6B" and d == SEED_WIDTH else
+                     f"With <code>--glove {SEED_GLOVE}</code> the page computes with the seed's vectors.")
     return body, red_wolf, pattern, seeds_own
 
 

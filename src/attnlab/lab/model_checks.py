@@ -112,9 +112,12 @@ def _stack_and_decoder_layer_demo() -> tuple[dict, str]:
     body += para("Seed 000 prints layer 2, head 0 of both from its Keras weights (self-attention rows [1, 0, 0],",
                  "[0.506, 0.494, 0], [0.382, 0.349, 0.269]); those values are not reproduced here. attnlab's own",
                  "weights give other numbers, with the same zeros:")
-    body += matrix(top_self.numpy(), 3, caption="layer 2, head 0, self-attention (rows: target positions)")
-    body += matrix(top_cross.numpy(), 3, caption="layer 2, head 0, cross-attention (columns: source positions, the "
-                                                 "last one padding)")
+    targets = [f"target {t}" for t in range(top_self.shape[0])]
+    body += matrix(top_self.numpy(), 3, row_labels=targets, col_labels=[f"key {t}" for t in range(top_self.shape[1])],
+                   caption="layer 2, head 0, self-attention (rows: target positions)")
+    sources = [f"source {s}" + (" (pad)" if s == top_cross.shape[1] - 1 else "") for s in range(top_cross.shape[1])]
+    body += matrix(top_cross.numpy(), 3, row_labels=targets, col_labels=sources,
+                   caption="layer 2, head 0, cross-attention (columns: source positions, the last one padding)")
     numbers = {"encoder": {"layers": len(encoder.layers), "vocab_size": encoder.embed.vocab_size,
                            "heads": encoder.layers[0].self_attn.num_heads},
                "layer_cross_on_padded_source": float((cross_w * (ids == 0)[:, None, None, :]).sum()),

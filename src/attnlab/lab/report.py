@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from attnlab.errors import AttnlabError
-from attnlab.files import atomic_path, remove_abandoned, temporary_stem
+from attnlab.files import move_into_place, refuse_non_folder, remove_abandoned, temporary_stem
 from attnlab.lab.html import Section, esc
 
 HTML_NAME = "index.html"
@@ -128,6 +128,7 @@ class Staging:
         self.out = Path(out)
         if self.out.exists() and not self.out.is_dir():
             raise AttnlabError(f"cannot write the report to {self.out}: it exists and is not a folder")
+        refuse_non_folder(self.out, "--out")  # (a link to a folder that does not exist)
         blocker = next((a for a in self.out.absolute().parents if a.exists()), None)  # the nearest that exists
         if blocker is not None and not blocker.is_dir():
             raise AttnlabError(f"cannot write the report to {self.out}: {blocker} is a file, not a folder")
@@ -173,30 +174,12 @@ class Staging:
             if not self._into_existing and self._renamed():
                 return self.out
             for name in (NUMBERS_NAME, HTML_NAME):  # the page last: its presence means "complete"
-                self._move_in(name)
+                move_into_place(self.path / name, self.out / name)  # (by a rename: no space needed)
             self.path.rmdir()
         except OSError as err:
             self.discard()
             raise AttnlabError(f"cannot write the report to {self.out}: {err.strerror or err}") from err
         return self.out
-
-    def _move_in(self, name: str) -> None:
-        """Move one staged file into the report folder by a rename, which needs no space: copied, the page could
-        fail for a full disk after the numbers had been replaced, leaving a pair of two runs. A link is written
-        through to its target, as every file is; a target on another file system is copied there."""
-        target = self.out / name
-        if target.is_symlink():
-            target = Path(os.path.realpath(target))
-        if target.is_file():  # the permissions of the file it replaces, as any write through atomic_path keeps
-            os.chmod(self.path / name, target.stat().st_mode & 0o7777)
-        try:
-            os.replace(self.path / name, target)
-        except OSError as err:
-            if err.errno != errno.EXDEV:
-                raise
-            with atomic_path(target) as tmp:
-                shutil.copyfile(self.path / name, tmp)
-            (self.path / name).unlink()
 
     def _renamed(self) -> bool:
         """Rename the staging folder to the report folder; False if a folder of that name has appeared meanwhile

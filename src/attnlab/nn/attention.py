@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError, check_count, check_probability
+from attnlab.errors import AttnlabError, check_count, check_probability, whole_number
 from attnlab.nn.masks import check_attend_mask
 from attnlab.nn.positions import RotaryEmbedding
 
@@ -223,7 +223,7 @@ class KVCache:
 
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` positions (none: the cache is empty again)."""
-        check_count("length", length, 0)  # -1 would drop the last position, as a slice does
+        length = whole_number("length", length, 0)  # -1 would drop the last position, as a slice does
         if self.k is not None and self.v is not None and length < len(self):
             self.k, self.v = (self.k[..., :length, :], self.v[..., :length, :]) if length else (None, None)
 

@@ -57,6 +57,9 @@ def masked_mean(states: Tensor, *, attend_mask: Tensor) -> Tensor:
             True = padding mask would average the wrong positions).
     """
     check_attend_mask(attend_mask, (states.shape[0], 1, 1, states.shape[1]))
+    if attend_mask.shape[0] != states.shape[0]:  # one row's padding spread over every row would average the wrong ones
+        raise AttnlabError(f"masked_mean takes each row's own padding mask: got a mask of batch {attend_mask.shape[0]} "
+                           f"for states of batch {states.shape[0]}")
     keep = attend_mask[:, 0, 0, :, None].to(states.dtype)  # (batch, seq, 1)
     return (states * keep).sum(1) / keep.sum(1).clamp(min=1.0)
 
@@ -316,6 +319,7 @@ class DecoderLM(_Model):
         )
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         self.reset_parameters()
+        self.tie_weights()  # also when a subclass's own reset_parameters does not call this one
 
     def tie_weights(self) -> None:
         """Make the output matrix the embedding matrix again, if the model ties them (see

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError, check_count
+from attnlab.errors import AttnlabError, check_count, whole_number
 
 
 def sinusoidal_angles(num_positions: int, d: int) -> Tensor:
@@ -32,8 +32,7 @@ def sinusoidal_angles(num_positions: int, d: int) -> Tensor:
     Returns:
         (num_positions, d) float64.
     """
-    check_count("num_positions", num_positions, 0)
-    check_count("d", d)
+    num_positions, d = whole_number("num_positions", num_positions, 0), whole_number("d", d, 1)
     pos = torch.arange(num_positions, dtype=torch.float64)[:, None]  # (P, 1)
     i = torch.arange(d, dtype=torch.float64)[None, :] // 2  # (1, d): 0, 0, 1, 1, 2, 2, ...
     return pos / torch.pow(10000.0, 2.0 * i / d)
@@ -57,10 +56,11 @@ def sinusoidal_encoding(num_positions: int, d: int, dtype: torch.dtype = torch.f
 
 def _check_span(length: int, offset: int, max_positions: int, what: str) -> None:
     # (SymInt: a shape under torch.compile's dynamic shapes)
-    if (not isinstance(length, int | torch.SymInt) or not isinstance(offset, int | torch.SymInt)  # e.g. ``pe(x)``
-            or isinstance(length, bool) or isinstance(offset, bool)):
-        given = f"a tensor of shape {tuple(length.shape)}" if isinstance(length, torch.Tensor) else repr(length)
-        raise AttnlabError(f"the {what} takes a length and an offset (ints) and returns the rows to add; got {given}")
+    for name, value in (("length", length), ("offset", offset)):
+        if not isinstance(value, int | torch.SymInt) or isinstance(value, bool):  # e.g. ``pe(x)``, or a flag
+            given = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
+            raise AttnlabError(f"the {what} takes a length and an offset (ints) and returns the rows to add; got "
+                               f"{given} as the {name}")
     if offset < 0 or length < 0:
         raise AttnlabError(f"positions must be >= 0, got offset {offset} and length {length}")
     if offset + length > max_positions:

@@ -57,7 +57,14 @@ from attnlab.training.checkpoint import (
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
-from attnlab.training.engine import config_dict, holds_run_folder, to_device, torch_threads, train_or_forget
+from attnlab.training.engine import (
+    config_dict,
+    holds_run_folder,
+    refuse_run_taken_meanwhile,
+    to_device,
+    torch_threads,
+    train_or_forget,
+)
 from attnlab.training.schedules import length_changed
 
 MODEL_KINDS = ("transformer", "tiny", "bow")
@@ -602,11 +609,12 @@ def train_classifier(
         settings, planned = _planned_steps(out, model, task, settings, saved=saved, length=length, resume=resume,
                                            note=note)
         config = settings.train_config(planned, per_epoch, progress and main)
-        distributed.checked_by_all(config.device)
+        place = distributed.checked_by_all(config.device)
         existed = Path(out).exists()
         if saved is None and main:
             ensure_writable_dir(out)
-            refuse_existing_run(out)  # again, now that the folder is locked
+        refuse_run_taken_meanwhile(out, place, new_run=saved is None)  # again, now that the folder is locked
+        if saved is None and main:
             tokenizer.save(out / TOKENIZER)
             write_run_config(out, _new_run_config(model, tokenizer, trained, data, settings, config, train_path,
                                                   valid_path, truncated={"train": train_enc.truncated,

@@ -30,7 +30,14 @@ from torch import Tensor
 from attnlab.checks import Contract, run_checks
 from attnlab.checks.report import CheckReport
 from attnlab.errors import AttnlabError
-from attnlab.files import atomic_path, ensure_writable_dir, refuse_non_folder, write_json_atomic, write_text_atomic
+from attnlab.files import (
+    atomic_path,
+    ensure_writable_dir,
+    holding_run_folder,
+    refuse_non_folder,
+    write_json_atomic,
+    write_text_atomic,
+)
 from attnlab.nn.models import DecoderLM
 from attnlab.tasks.lm import LMData, load_lm_data, random_windows, seeded_generator
 from attnlab.tasks.lm_train import LMSettings, train_language_model
@@ -196,6 +203,15 @@ def _shortest_text(settings: LMSettings) -> int:
     return n
 
 
+def _refuse_earlier_experiment(out: Path) -> None:
+    """Refuse an ``out`` that holds any entry of an experiment (:data:`OUT_ENTRIES`)."""
+    found = [name + ("/" if (out / name).is_dir() else "") for name in OUT_ENTRIES if (out / name).exists()]
+    if found:
+        raise AttnlabError(f"{out} already holds a leak experiment or part of one ({', '.join(found)}); "
+                           f"choose another --out, or delete {'it' if len(found) == 1 else 'them'} from {out} to run "
+                           "it there again")
+
+
 def check_leak_experiment(text: str | Path, out: str | Path, settings: LMSettings = LEAK_SETTINGS, *,
                           sample_tokens: int = 200) -> LMData:
     """Check the settings, the ``out`` folder and the text, writing nothing; return the text's data.
@@ -210,12 +226,7 @@ def check_leak_experiment(text: str | Path, out: str | Path, settings: LMSetting
     settings.train_config().validate()
     out = Path(out)
     refuse_non_folder(out, "--out")
-    if out.exists():
-        found = [name + ("/" if (out / name).is_dir() else "") for name in OUT_ENTRIES if (out / name).exists()]
-        if found:
-            raise AttnlabError(f"{out} already holds a leak experiment or part of one ({', '.join(found)}); "
-                               f"choose another --out, or delete {'it' if len(found) == 1 else 'them'} from {out} to run "
-                               "it there again")
+    _refuse_earlier_experiment(out)
     data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction,
                         bpe_vocab_size=settings.bpe_vocab_size)
     distinct = data.tokenizer.vocab_size - 1  # the padding id is no character
@@ -238,11 +249,23 @@ def run_leak_experiment(text: str | Path, out: str | Path, settings: LMSettings 
     Everything is checked first (:func:`check_leak_experiment`): a refused run creates no folder and writes
     no file. ``on_start`` is called once the checks have passed, before training (to print what will run).
     """
-    data = check_leak_experiment(text, out, settings, sample_tokens=sample_tokens)
-    where = Path(out).absolute()
-    # The highest folder this run creates (--out and any missing parents), None when --out exists.
-    made = None if where.exists() else next(p for p in (where, *where.parents) if p.parent.exists())
-    out = ensure_writable_dir(out)
+    with holding_run_folder(out):  # (locked from the moment ensure_writable_dir makes it, if it is new)
+        data = check_leak_experiment(text, out, settings, sample_tokens=sample_tokens)
+        where = Path(out).absolute()
+        # The highest folder this run creates (--out and any missing parents), None when --out exists.
+        made = None if where.exists() else next(p for p in (where, *where.parents) if p.parent.exists())
+        out = ensure_writable_dir(out)
+        # Again under the lock: another experiment started into the same new folder may have finished meanwhile
+        # (refused here, before the clean-up below could remove its files).
+        _refuse_earlier_experiment(out)
+        return _run_and_clean_up(data, text, out, settings, sample_tokens, progress, on_start, where, made)
+
+
+def _run_and_clean_up(data: LMData, text: str | Path, out: Path, settings: LMSettings, sample_tokens: int,
+                      progress: bool, on_start: Callable[[LMData], None] | None, where: Path,
+                      made: Path | None) -> LeakResult:
+    """Run the experiment into ``out``; if it fails or is interrupted, remove what it wrote and the folders it made
+    (``where`` is ``out`` absolute, ``made`` the highest folder the run created, or None)."""
     try:
         return _run(data, text, out, settings, sample_tokens, progress, on_start)
     except BaseException as err:  # Ctrl-C or a failure: leave no part of an experiment that would refuse the next run

@@ -60,7 +60,14 @@ from attnlab.training.checkpoint import (
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
-from attnlab.training.engine import config_dict, has_fast_bf16, holds_run_folder, torch_threads, train_or_forget
+from attnlab.training.engine import (
+    config_dict,
+    has_fast_bf16,
+    holds_run_folder,
+    refuse_run_taken_meanwhile,
+    torch_threads,
+    train_or_forget,
+)
 from attnlab.training.peak import measure_peak_matmul, peak_basis
 from attnlab.training.schedules import length_changed
 
@@ -390,8 +397,7 @@ def train_language_model(
         place = distributed.checked_by_all(config.device)
         # only now: a setting the model or the data refuse leaves no folder behind
         out = ensure_writable_dir(out) if main else Path(out)
-        if main and run_config is None:  # again, now that the folder is locked (see refuse_existing_run)
-            refuse_existing_run(out)
+        refuse_run_taken_meanwhile(out, place, new_run=run_config is None)  # again, now that the folder is locked
         if main and saved_tokenizer is None:
             data.tokenizer.save(out / TOKENIZER)
         run_config = _run_config(task_name, model, text, data, settings, config, selection=selection,

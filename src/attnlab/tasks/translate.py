@@ -63,7 +63,7 @@ from attnlab.training.checkpoint import (
     write_run_config,
 )
 from attnlab.training.distributed import Place, is_main_process, shard
-from attnlab.training.engine import config_dict, holds_run_folder, train_or_forget
+from attnlab.training.engine import config_dict, holds_run_folder, refuse_run_taken_meanwhile, train_or_forget
 from attnlab.training.schedules import length_changed
 
 TASK = "translate"
@@ -441,10 +441,11 @@ def train_translation(
         model = build_translation_model((src_tok.vocab_size, tgt_tok.vocab_size), model_kwargs,
                                         share_embeddings=share_embeddings, tie_output=tie_output,
                                         look_ahead_mask=settings.look_ahead_mask)
-        distributed.checked_by_all(config.device)
+        place = distributed.checked_by_all(config.device)
         if main:
             ensure_writable_dir(out)  # (and locked now, before the first file is written)
-            refuse_existing_run(out)  # again, now that the folder is locked
+        refuse_run_taken_meanwhile(out, place, new_run=True)  # again, now that the folder is locked
+        if main:
             save_tokenizers(out, src_tok, tgt_tok, settings)
             write_run_config(out, {"task": TASK, "model": model_config(model), "train": config_dict(config),
                                    "settings": asdict(settings), "data": _data_record(settings, train=train, valid=valid)})

@@ -21,6 +21,7 @@ import contextlib
 import importlib
 import json
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -93,6 +94,10 @@ def refuse_overwriting(path: str | Path, option: str, *, run: str | Path,
         raise AttnlabError(f"{option} names a file; - (standard output) is not one here")
     if out.is_dir():  # said before the work, not when its result is written
         raise AttnlabError(f"{option} {out} is a folder; give a file name to write")
+    # likewise a folder it cannot be written in (missing folders below the nearest existing one are made)
+    nearest = next((folder for folder in out.absolute().parents if folder.exists()), None)
+    if nearest is not None and not (nearest.is_dir() and os.access(nearest, os.W_OK | os.X_OK)):
+        raise AttnlabError(f"{option} {out}: {nearest} is not a folder this command can write in")
     for name, source in reads:
         if source is None or str(source) == "-" or not out.exists() or not Path(source).exists():
             continue
@@ -246,11 +251,11 @@ def build_model(spec: dict[str, Any]) -> nn.Module:
         raise AttnlabError(f"model description in the config is not usable: {err}") from err
 
 
-def refuse_existing_run(out: str | Path) -> None:
-    """Refuse to start a new run in ``out`` if it holds one (its config.json). A task checks before it reads
-    anything, and again once it holds the folder's lock (:func:`~attnlab.files.ensure_writable_dir`): a run that
-    another process started into the same new folder, and finished meanwhile, is not replaced."""
-    if (Path(out) / CONFIG).exists():
+def refuse_existing_run(out: str | Path, *, taken: bool | None = None) -> None:
+    """Refuse to start a new run in ``out`` if it holds one (its config.json; ``taken``: decided already, by the
+    process that looked). A task checks before it reads anything, and again once it holds the folder's lock
+    (:func:`~attnlab.training.engine.refuse_run_taken_meanwhile`)."""
+    if (Path(out) / CONFIG).exists() if taken is None else taken:
         raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
 
 

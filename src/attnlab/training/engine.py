@@ -55,6 +55,7 @@ from attnlab.training.checkpoint import (
     has_checkpoint,
     load_checkpoint,
     read_metrics,
+    refuse_existing_run,
     refuse_shorter,
     rng_state,
     save_checkpoint,
@@ -284,8 +285,11 @@ class Trainer:
 
     def _log(self, record: dict[str, Any]) -> None:
         if self.place.is_main:
-            with open(self.metrics_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+            try:
+                with open(self.metrics_path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(record) + "\n")
+            except OSError as err:  # (a full disk's message names no file)
+                raise AttnlabError(f"cannot write {self.metrics_path}: {err.strerror or err}") from err
 
     def _trim_metrics(self, step: int) -> None:
         """On resume, forget what was logged after the checkpoint: those steps will be run again."""
@@ -564,6 +568,14 @@ def run_training(model: nn.Module, task: Task, config: TrainConfig, out: str | P
         return trainer.fit(resume=resume, on_resumed=on_resumed)
     finally:
         trainer.close()
+
+
+def refuse_run_taken_meanwhile(out: str | Path, place: distributed.Place, *, new_run: bool) -> None:
+    """:func:`~attnlab.training.checkpoint.refuse_existing_run` again, once rank 0 holds the folder's lock
+    (:func:`~attnlab.files.ensure_writable_dir`): a run that another process started into the same new folder,
+    and finished meanwhile, is not replaced. Rank 0 looks; every process says it, in one line each."""
+    taken = place.is_main and new_run and (Path(out) / CONFIG).exists()
+    refuse_existing_run(out, taken=distributed.broadcast_flag(taken, place))
 
 
 def train_or_forget(model: nn.Module, task: Task, config: TrainConfig, out: Path, *, resume: bool, existed: bool,
