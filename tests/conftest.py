@@ -50,3 +50,21 @@ def held_elsewhere():
         proc.kill()
         proc.wait()
 
+
+
+@pytest.fixture
+def finished_meanwhile(monkeypatch):
+    """Make a task module's ``ensure_writable_dir`` also write ``name`` (text ``content``) into the folder it makes,
+    as another process's run would have done, started into the same new folder and finished between the task's
+    first check and its lock. Call with (module, name, content)."""
+    from attnlab.files import ensure_writable_dir
+
+    def patch(module, name, content):
+        def made_and_taken(path):
+            made = ensure_writable_dir(path)
+            (made / name).write_text(content)
+            return made
+
+        monkeypatch.setattr(module, "ensure_writable_dir", made_and_taken)
+
+    return patch

@@ -642,19 +642,12 @@ def test_a_run_whose_labels_do_not_match_its_model_is_one_error_line(trained, tm
         assert "labels" in said and "mixes files of different runs" in said
 
 
-def test_a_run_finished_meanwhile_in_the_same_new_folder_is_not_replaced(tmp_path, monkeypatch):
+def test_a_run_finished_meanwhile_in_the_same_new_folder_is_not_replaced(tmp_path, finished_meanwhile):
     """A run another process started into the same new folder, and finished between this one's first check and
     its lock, is refused again under the lock, not replaced (both ended with status 0, the second run's files in
     the folder)."""
     import attnlab.tasks.classify_train
-    from attnlab.files import ensure_writable_dir
-
-    def finished_meanwhile(path):
-        made = ensure_writable_dir(path)
-        (made / "config.json").write_text('{"task": "classify", "theirs": true}')
-        return made
-
-    monkeypatch.setattr(attnlab.tasks.classify_train, "ensure_writable_dir", finished_meanwhile)
+    finished_meanwhile(attnlab.tasks.classify_train, "config.json", '{"task": "classify", "theirs": true}')
     out = tmp_path / "race"
     train = write_tickets(tmp_path / "t.csv", 40)
     result = run("train", "classify", "--train", train, "--out", out, *SMALL, "--steps", "2")

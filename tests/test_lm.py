@@ -941,19 +941,12 @@ def test_a_run_another_process_trains_in_is_refused_and_left_as_it_is(run, tmp_p
     assert {p: p.read_bytes() for p in busy.rglob("*") if p.is_file()} == before
 
 
-def test_a_run_finished_meanwhile_in_the_same_new_folder_is_not_replaced(run, tmp_path, monkeypatch):
+def test_a_run_finished_meanwhile_in_the_same_new_folder_is_not_replaced(run, tmp_path, finished_meanwhile):
     """A run another process started into the same new folder, and finished between this one's first check and
     its lock, is refused again under the lock, not replaced (both ended with status 0, the second run's files in
     the folder)."""
     import attnlab.tasks.lm_train
-    from attnlab.files import ensure_writable_dir
-
-    def finished_meanwhile(path):
-        made = ensure_writable_dir(path)
-        (made / "config.json").write_text('{"task": "lm", "theirs": true}')
-        return made
-
-    monkeypatch.setattr(attnlab.tasks.lm_train, "ensure_writable_dir", finished_meanwhile)
+    finished_meanwhile(attnlab.tasks.lm_train, "config.json", '{"task": "lm", "theirs": true}')
     out = tmp_path / "race"
     result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", out, *TINY)
     assert result.exit_code == 2 and "already holds a run" in result.stderr, result.output

@@ -221,18 +221,11 @@ def test_a_short_budget_warms_up_for_a_tenth_and_the_title_follows_the_verdict(t
     assert told == ("NO" not in verdict) and told != ("did not show every expected difference" in flat)
 
 
-def test_an_experiment_finished_meanwhile_in_the_same_new_folder_is_refused_not_removed(tmp_path, monkeypatch):
+def test_an_experiment_finished_meanwhile_in_the_same_new_folder_is_refused_not_removed(tmp_path, finished_meanwhile):
     """Two experiments started into one new --out: the one that reached the folder second was refused by its
     first model's training, and its clean-up removed the other's finished experiment."""
     import attnlab.tasks.leak as leak
-    from attnlab.files import ensure_writable_dir
-
-    def finished_meanwhile(path):  # the other experiment made the folder and finished between the checks and here
-        made = ensure_writable_dir(path)
-        (made / "leak.json").write_text('{"theirs": true}')
-        return made
-
-    monkeypatch.setattr(leak, "ensure_writable_dir", finished_meanwhile)
+    finished_meanwhile(leak, "leak.json", '{"theirs": true}')
     out = tmp_path / "leak"
     with pytest.raises(AttnlabError, match="already holds a leak experiment or part of one"):
         run_leak_experiment(_letters(tmp_path / "t.txt"), out, LEAK_SETTINGS.with_overrides(steps=2), sample_tokens=5)

@@ -747,18 +747,11 @@ def test_checkpoint_every_saves_between_validations_and_a_resume_goes_on_from_th
     assert saved_at == [4, 6, 8, 9]
 
 
-def test_a_run_finished_meanwhile_in_the_same_new_folder_is_not_replaced(toy, tmp_path, monkeypatch):
+def test_a_run_finished_meanwhile_in_the_same_new_folder_is_not_replaced(toy, tmp_path, finished_meanwhile):
     """A run another process started into the same new folder, and finished between this one's first check and
     its lock, is refused again under the lock, not replaced."""
     import attnlab.tasks.translate
-    from attnlab.files import ensure_writable_dir
-
-    def finished_meanwhile(path):
-        made = ensure_writable_dir(path)
-        (made / "config.json").write_text('{"task": "translate", "theirs": true}')
-        return made
-
-    monkeypatch.setattr(attnlab.tasks.translate, "ensure_writable_dir", finished_meanwhile)
+    finished_meanwhile(attnlab.tasks.translate, "config.json", '{"task": "translate", "theirs": true}')
     out = tmp_path / "race"
     args = ["train", "translate", "--train", toy["root"] / "train", "--valid", toy["root"] / "valid", "--src", "xx",
             "--tgt", "yy", "--out", out, "--max-steps", "2", *SMALL]
