@@ -190,8 +190,9 @@ def main() -> None:
     if args.nanogpt_checkout is not None:  # before minutes of other runs, and before any folder is made
         refuse_checkout(args.nanogpt_checkout.resolve(), args.text.resolve())
     out = args.out or Path(tempfile.mkdtemp(prefix="lm_shakespeare_"))
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"error: --out {out} is not a folder")
+    nearest = next(folder for folder in (out.absolute(), *out.absolute().parents) if folder.exists())
+    if not nearest.is_dir():  # (said now, not after minutes of reference runs)
+        raise SystemExit(f"error: --out {out}: {nearest} is not a folder")
     planned = ([] if args.skip_fast else ["fast"]) + ([] if args.skip_nanogpt else ["nanogpt", "nanogpt-compiled",
                                                                                     "context256"])
     planned += ["nanogpt-itself"] if args.nanogpt_checkout is not None else []

@@ -269,6 +269,9 @@ def test_a_full_disk_while_writing_is_said_by_the_file_name(tmp_path):
             tmp.write_text("new, half")
             raise OSError(errno.ENOSPC, "No space left on device")
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["config.json"]
+    with pytest.raises(AttnlabError, match=f"cannot write {os.devnull}: No space left on device \\(its temporary"):
+        with atomic_path(os.devnull) as tmp:  # written in place, through a temporary file in TMPDIR
+            raise OSError(errno.ENOSPC, "No space left on device")
     with pytest.raises(PermissionError):  # other errors are left as they are
         with atomic_path(target):
             raise PermissionError(errno.EACCES, "Permission denied")

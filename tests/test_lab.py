@@ -446,6 +446,10 @@ def test_a_glove_file_through_a_pipe_with_a_tab_or_a_leading_space_loads(tmp_pat
                                                                     "wolf": [7, 8, 9]}
     with pytest.raises(AttnlabError, match="is a folder, not a file"):
         load_text(tmp_path, ["king"])
+    empty_bz2 = tmp_path / "empty.bz2"
+    empty_bz2.write_bytes(__import__("bz2").compress(b""))  # bzip2's other signature, that of an empty stream
+    with pytest.raises(AttnlabError, match="is bzip2-compressed"):
+        load_text(empty_bz2, ["king"])
     bzh = tmp_path / "bzh.txt"  # bzip2's signature begins "BZh": a word may too
     bzh.write_text("BZhello 1 2 3\nking 4 5 6\n", encoding="utf-8")
     assert load_text(bzh, ["king"]).vectors["king"].tolist() == [4, 5, 6]

@@ -87,7 +87,7 @@ def test_rotary_dot_product_depends_only_on_distance():
 
 
 def test_position_tables_take_a_length_not_the_input_and_say_so():
-    with pytest.raises(AttnlabError, match=r"takes a length and an offset \(ints\).*tensor of shape \(2, 3, 8\)"):
+    with pytest.raises(AttnlabError, match=r"takes a length and an offset \(whole numbers\).*tensor of shape \(2, 3, 8\)"):
         SinusoidalPositions(5, 8)(torch.zeros(2, 3, 8))  # the Keras idiom pe(x)
     with pytest.raises(AttnlabError, match="learned position table takes a length"):
         LearnedPositions(5, 8)(2.5)
@@ -126,3 +126,7 @@ def test_sizes_given_as_numpy_integers_are_whole_numbers():
 
     assert sinusoidal_encoding(np.int64(5), np.int32(4)).shape == (5, 4)
     KVCache().truncate(np.int64(0))
+    assert SinusoidalPositions(8, 4)(np.int64(3), np.int32(2)).shape == (3, 4)
+    assert LearnedPositions(8, 4)(np.int64(3)).shape == (3, 4)
+    with pytest.raises(AttnlabError, match="got np.True_ as the offset"):
+        SinusoidalPositions(8, 4)(2, np.True_)

@@ -758,3 +758,23 @@ def test_a_run_finished_meanwhile_in_the_same_new_folder_is_not_replaced(toy, tm
     result = CliRunner().invoke(cli, [str(a) for a in args])
     assert result.exit_code == 2 and "already holds a run" in result.stderr, result.output
     assert [p.name for p in out.iterdir()] == ["config.json"] and "theirs" in (out / "config.json").read_text()
+
+
+def test_an_output_is_judged_where_it_is_written_a_device_in_place_a_link_at_its_target(toy, tmp_path, monkeypatch):
+    """The early check of the output's folder refused /dev/null and /dev/stdout for anyone but root, and a link in
+    a folder one cannot write that points into one that one can."""
+    import os
+
+    locked, free = tmp_path / "locked", tmp_path / "free"
+    locked.mkdir()
+    free.mkdir()
+    (locked / "link.yy").symlink_to(free / "hyp.yy")
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != locked and real_access(path, mode, **kw))
+    for output in (os.devnull, locked / "link.yy"):
+        result = CliRunner().invoke(cli, [str(a) for a in ("translate", toy["run"], "ka", "--output", output,
+                                                           "--beam", "1")])
+        assert result.exit_code == 0, result.output
+    assert (free / "hyp.yy").read_text(encoding="utf-8").strip()
+    refused = CliRunner().invoke(cli, [str(a) for a in ("translate", toy["run"], "ka", "--output", locked / "new.yy")])
+    assert refused.exit_code == 2 and f"{locked} is not a folder this command can write in" in refused.stderr

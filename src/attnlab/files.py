@@ -187,9 +187,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     if path.is_dir():  # said now, by its own name: the rename at the end would fail on the temporary one
         raise AttnlabError(f"{path} is a folder; give a file name to write")
-    # A stream is written in place: a device or pipe, and what /dev/stdout or /proc/self/fd/N name, which may be
-    # a file the shell redirected to (replacing it would lose what the shell wrote there, and all written after).
-    if path.exists() and (not path.is_file() or _names_a_stream(path)):
+    if written_in_place(path):
         yield from _written_in_place(path)
         return
     if path.is_symlink():
@@ -218,13 +216,20 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         tmp_path.unlink(missing_ok=True)
 
 
+def written_in_place(path: Path) -> bool:
+    """Whether :func:`atomic_path` writes into ``path`` itself rather than replacing it: a device or a pipe, and
+    what /dev/stdout or /proc/self/fd/N name, which may be a file the shell redirected to (replacing it would lose
+    what the shell wrote there, and all written after)."""
+    return path.exists() and (not path.is_file() or _names_a_stream(path))
+
+
 def move_into_place(source: Path, target: str | Path) -> None:
     """Move the complete file ``source`` to ``target`` by a rename, which needs no space and leaves no half-written
     file, as :func:`atomic_path` would write it: through a link to its target, with the permissions of the file it
     replaces, flushed to the disk. A device, a pipe or a stream (see :func:`atomic_path`), and a target on another
     file system, are written through :func:`atomic_path` instead."""
     target = Path(target)
-    if target.exists() and (not target.is_file() or _names_a_stream(target)):
+    if written_in_place(target):
         moved = False
     else:
         if target.is_symlink():
@@ -270,7 +275,13 @@ def _written_in_place(path: Path) -> Iterator[Path]:
     os.close(fd)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
+        try:
+            yield tmp_path
+        except OSError as err:
+            if err.errno in WRITE_FAILURES:  # (the temporary's folder, TMPDIR, is full)
+                raise AttnlabError(f"cannot write {path}: {err.strerror} (its temporary file in "
+                                   f"{tmp_path.parent})") from err
+            raise
         try:
             # (appended: a stream redirected with >> keeps what came before, and a pipe or device has no end to cut)
             with open(tmp_path, "rb") as source, open(path, "ab") as target:

@@ -168,7 +168,7 @@ def _word_holding_spaces(line: str, width: int) -> tuple[str, str] | None:
 
 #: The first bytes of the compressed forms a GloVe file is shipped in (glove.6B.zip) or kept in.
 _COMPRESSED = {re.compile(b"\x1f\x8b"): "gzip", re.compile(b"PK\x03\x04"): "zip",
-               re.compile(b"BZh[1-9]1AY&SY"): "bzip2", re.compile(b"\xfd7zXZ\x00"): "xz"}
+               re.compile(b"BZh[1-9](1AY&SY|\x17rE8P\x90)"): "bzip2", re.compile(b"\xfd7zXZ\x00"): "xz"}
 
 
 def _refuse_compressed(path: Path, head: bytes) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -57,10 +58,11 @@ def sinusoidal_encoding(num_positions: int, d: int, dtype: torch.dtype = torch.f
 def _check_span(length: int, offset: int, max_positions: int, what: str) -> None:
     # (SymInt: a shape under torch.compile's dynamic shapes)
     for name, value in (("length", length), ("offset", offset)):
-        if not isinstance(value, int | torch.SymInt) or isinstance(value, bool):  # e.g. ``pe(x)``, or a flag
+        # numpy's integers too; not a flag, and not ``pe(x)`` (a tensor where the length goes)
+        if isinstance(value, bool) or not isinstance(value, int | torch.SymInt | np.integer):
             given = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
-            raise AttnlabError(f"the {what} takes a length and an offset (ints) and returns the rows to add; got "
-                               f"{given} as the {name}")
+            raise AttnlabError(f"the {what} takes a length and an offset (whole numbers) and returns the rows to "
+                               f"add; got {given} as the {name}")
     if offset < 0 or length < 0:
         raise AttnlabError(f"positions must be >= 0, got offset {offset} and length {length}")
     if offset + length > max_positions:

@@ -32,7 +32,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
 from attnlab.errors import AttnlabError
-from attnlab.files import atomic_dir, atomic_path, recover_dir, write_json_atomic
+from attnlab.files import atomic_dir, atomic_path, recover_dir, write_json_atomic, written_in_place
 from attnlab.nn.models import DecoderLM, EncoderClassifier, Transformer
 
 #: Model classes a run config may name, by class name: the core models, plus whatever a task module
@@ -94,8 +94,10 @@ def refuse_overwriting(path: str | Path, option: str, *, run: str | Path,
         raise AttnlabError(f"{option} names a file; - (standard output) is not one here")
     if out.is_dir():  # said before the work, not when its result is written
         raise AttnlabError(f"{option} {out} is a folder; give a file name to write")
-    # likewise a folder it cannot be written in (missing folders below the nearest existing one are made)
-    nearest = next((folder for folder in out.absolute().parents if folder.exists()), None)
+    # likewise a folder it cannot be written in (missing folders below the nearest existing one are made), where
+    # the file is written (through a link); a device or stream is written in place, needing no folder
+    nearest = None if written_in_place(out) else next(
+        (folder for folder in Path(os.path.realpath(out)).parents if folder.exists()), None)
     if nearest is not None and not (nearest.is_dir() and os.access(nearest, os.W_OK | os.X_OK)):
         raise AttnlabError(f"{option} {out}: {nearest} is not a folder this command can write in")
     for name, source in reads:
