@@ -128,5 +128,7 @@ def test_sizes_given_as_numpy_integers_are_whole_numbers():
     KVCache().truncate(np.int64(0))
     assert SinusoidalPositions(8, 4)(np.int64(3), np.int32(2)).shape == (3, 4)
     assert LearnedPositions(8, 4)(np.int64(3)).shape == (3, 4)
+    with pytest.raises(AttnlabError, match="sequence reaches position 199"):
+        SinusoidalPositions(150, 8)(np.int8(100), np.int8(100))  # (100 + 100 wraps around in int8)
     with pytest.raises(AttnlabError, match="got np.True_ as the offset"):
         SinusoidalPositions(8, 4)(2, np.True_)

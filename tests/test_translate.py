@@ -778,3 +778,14 @@ def test_an_output_is_judged_where_it_is_written_a_device_in_place_a_link_at_its
     assert (free / "hyp.yy").read_text(encoding="utf-8").strip()
     refused = CliRunner().invoke(cli, [str(a) for a in ("translate", toy["run"], "ka", "--output", locked / "new.yy")])
     assert refused.exit_code == 2 and f"{locked} is not a folder this command can write in" in refused.stderr
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    for output, said in ((tmp_path / "dangling" / "h.yy", f"{tmp_path / 'dangling'} is a link to"),
+                         (tmp_path / "loop1", "is a loop of links")):
+        refused = CliRunner().invoke(cli, [str(a) for a in ("translate", toy["run"], "ka", "--output", output)])
+        assert refused.exit_code == 2 and said in refused.stderr and refused.stderr.count("\n") == 1, refused.output
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: not (str(path) == os.devnull and mode & os.W_OK)
+                        and real_access(path, mode, **kw))  # (a write-only output: click no longer asks to read it)
+    refused = CliRunner().invoke(cli, [str(a) for a in ("translate", toy["run"], "ka", "--output", os.devnull)])
+    assert refused.exit_code == 2 and f"--output {os.devnull} cannot be written by this user" in refused.stderr

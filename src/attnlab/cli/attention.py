@@ -39,7 +39,7 @@ def plot_heatmap(src_pieces: list[str], out_pieces: list[str], weights, path: Pa
 @click.command(name="attention")
 @click.argument("run", type=PathParam(path_type=Path))
 @click.argument("sentence")
-@click.option("--out", "out", required=True, type=PathParam(path_type=Path), help="Figure to write (.png, .pdf, .svg, ...).")
+@click.option("--out", "out", required=True, type=PathParam(path_type=Path, readable=False), help="Figure to write (.png, .pdf, .svg, ...).")
 @click.option("--layer", type=int, default=None, help="Decoder layer, from 1 (default: the last).")
 @decode_options
 def attention(run: Path, sentence: str, out: Path, layer: int | None, beam: int, length_penalty: float,

@@ -22,7 +22,7 @@ from attnlab.training.plots import figure_format
 @click.option("--data", "data", type=PathParam(path_type=Path), required=True, help=f"Labelled table: {TABLE_FORMATS}.")
 @click.option("--text-column", default=None, help="[default: the run's]")
 @click.option("--label-column", default=None, help="[default: the run's, else 'label' or the one other column]")
-@click.option("--confusion", type=PathParam(path_type=Path), default=None,
+@click.option("--confusion", type=PathParam(path_type=Path, readable=False), default=None,
               help="Where to draw the confusion matrix. [default: RUN/confusion-<data name>.png]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def eval_classify(run: Path, data: Path, text_column: str | None, label_column: str | None, confusion: Path | None,

@@ -17,7 +17,7 @@ from attnlab.errors import AttnlabError
 @click.argument("run", type=PathParam(path_type=Path))
 @click.option("--src-file", required=True, type=PathParam(path_type=Path), help="Source sentences, one a line (.gz ok).")
 @click.option("--ref-file", required=True, type=PathParam(path_type=Path), help="Reference translations, line-aligned.")
-@click.option("--hyp-out", type=PathParam(path_type=Path), default=None,
+@click.option("--hyp-out", type=PathParam(path_type=Path, readable=False), default=None,
               help="Where to write the hypotheses (default: RUN/hyp.<src-file name>.beam<B>.lp<L>.txt, one file "
                    "per beam size and length penalty; hyp.<src-file name>.beam1.txt for greedy search).")
 @decode_options

@@ -78,7 +78,7 @@ def translate_with_progress(translator: Any, lines: list[str], settings: Any, pr
 @click.argument("sentence", required=False)
 @click.option("--input", "input_path", type=PathParam(path_type=Path), default=None,
               help="Translate this file, one sentence a line (.gz allowed; - reads standard input).")
-@click.option("--output", "output_path", type=PathParam(path_type=Path), default=None,
+@click.option("--output", "output_path", type=PathParam(path_type=Path, readable=False), default=None,
               help="Write the translations here, one a line (written atomically; .gz: compressed); - or left "
                    "out: standard output.")
 @decode_options

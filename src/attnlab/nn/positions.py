@@ -55,14 +55,18 @@ def sinusoidal_encoding(num_positions: int, d: int, dtype: torch.dtype = torch.f
     return table.to(dtype)
 
 
-def _check_span(length: int, offset: int, max_positions: int, what: str) -> None:
-    # (SymInt: a shape under torch.compile's dynamic shapes)
+def _check_span(length: int, offset: int, max_positions: int, what: str) -> tuple[int, int]:
+    """``(length, offset)`` as Python ints (a SymInt, a shape under torch.compile's dynamic shapes, as it is), once
+    they are whole numbers that fit the table: numpy's integers too, whose sums would wrap around."""
+    checked = []
     for name, value in (("length", length), ("offset", offset)):
-        # numpy's integers too; not a flag, and not ``pe(x)`` (a tensor where the length goes)
+        # not a flag, and not ``pe(x)`` (a tensor where the length goes)
         if isinstance(value, bool) or not isinstance(value, int | torch.SymInt | np.integer):
             given = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
             raise AttnlabError(f"the {what} takes a length and an offset (whole numbers) and returns the rows to "
                                f"add; got {given} as the {name}")
+        checked.append(int(value) if isinstance(value, np.integer) else value)
+    length, offset = checked
     if offset < 0 or length < 0:
         raise AttnlabError(f"positions must be >= 0, got offset {offset} and length {length}")
     if offset + length > max_positions:
@@ -71,6 +75,7 @@ def _check_span(length: int, offset: int, max_positions: int, what: str) -> None
             f"{max_positions} rows (max_positions={max_positions}); truncate the input or build "
             f"the model with a longer table"
         )
+    return length, offset
 
 
 class SinusoidalPositions(nn.Module):
@@ -95,7 +100,7 @@ class SinusoidalPositions(nn.Module):
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """Encodings of positions ``offset .. offset + length - 1``: (length, d)."""
-        _check_span(length, offset, self.max_positions, "sinusoidal position table")
+        length, offset = _check_span(length, offset, self.max_positions, "sinusoidal position table")
         return self.table[offset : offset + length]
 
 
@@ -114,7 +119,7 @@ class LearnedPositions(nn.Module):
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """Rows ``offset .. offset + length - 1``: (length, d)."""
-        _check_span(length, offset, self.max_positions, "learned position table")
+        length, offset = _check_span(length, offset, self.max_positions, "learned position table")
         return self.table.weight[offset : offset + length]
 
 
@@ -161,7 +166,7 @@ class RotaryEmbedding(nn.Module):
             raise AttnlabError(f"the rotary embedding rotates (..., seq, {self.head_dim}) queries and keys, got shape "
                                f"{tuple(x.shape)}")
         length = x.shape[-2]
-        _check_span(length, offset, self.max_positions, "rotary table")
+        length, offset = _check_span(length, offset, self.max_positions, "rotary table")
         cos = self.cos[offset : offset + length].to(x.dtype)  # (seq, head_dim/2)
         sin = self.sin[offset : offset + length].to(x.dtype)
         even, odd = x[..., 0::2], x[..., 1::2]

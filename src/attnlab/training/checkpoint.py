@@ -79,6 +79,29 @@ RUN_OWNED_SUFFIXES = (".json", ".jsonl", ".safetensors")
 RUN_OWNED_NAMES = (LOSS_PLOT,)
 
 
+def _refuse_unwritable_output(out: Path, option: str) -> None:
+    """Refuse, before the work, an output that :func:`~attnlab.files.atomic_path` could not write where it writes
+    it: a device or stream in place (it must be writable itself), a file through a link at the link's target, in
+    the nearest existing folder (missing ones below it are made, but not through a link to nowhere)."""
+    if out.is_symlink():
+        try:
+            out.resolve()
+        except RuntimeError:  # (Python's word for a loop of links)
+            raise AttnlabError(f"{option} {out} is a loop of links") from None
+    if written_in_place(out):
+        if not os.access(out, os.W_OK):
+            raise AttnlabError(f"{option} {out} cannot be written by this user")
+        return
+    target = Path(os.path.realpath(out)) if out.is_symlink() else out.absolute()
+    for folder in target.parents:
+        if folder.is_symlink() and not folder.exists():
+            raise AttnlabError(f"{option} {out}: {folder} is a link to {os.readlink(folder)}, which does not exist")
+        if folder.exists():
+            if not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
+                raise AttnlabError(f"{option} {out}: {folder} is not a folder this command can write in")
+            return
+
+
 def refuse_overwriting(path: str | Path, option: str, *, run: str | Path,
                        reads: tuple[tuple[str, str | Path | None], ...] = ()) -> None:
     """Refuse ``path`` as the output of ``option`` when writing it would destroy what the command or the run
@@ -94,12 +117,7 @@ def refuse_overwriting(path: str | Path, option: str, *, run: str | Path,
         raise AttnlabError(f"{option} names a file; - (standard output) is not one here")
     if out.is_dir():  # said before the work, not when its result is written
         raise AttnlabError(f"{option} {out} is a folder; give a file name to write")
-    # likewise a folder it cannot be written in (missing folders below the nearest existing one are made), where
-    # the file is written (through a link); a device or stream is written in place, needing no folder
-    nearest = None if written_in_place(out) else next(
-        (folder for folder in Path(os.path.realpath(out)).parents if folder.exists()), None)
-    if nearest is not None and not (nearest.is_dir() and os.access(nearest, os.W_OK | os.X_OK)):
-        raise AttnlabError(f"{option} {out}: {nearest} is not a folder this command can write in")
+    _refuse_unwritable_output(out, option)
     for name, source in reads:
         if source is None or str(source) == "-" or not out.exists() or not Path(source).exists():
             continue
