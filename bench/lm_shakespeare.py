@@ -190,13 +190,13 @@ def main() -> None:
     if args.nanogpt_checkout is not None:  # before minutes of other runs, and before any folder is made
         refuse_checkout(args.nanogpt_checkout.resolve(), args.text.resolve())
     out = args.out or Path(tempfile.mkdtemp(prefix="lm_shakespeare_"))
-    for folder in (out.absolute(), *out.absolute().parents):  # (said now, not after minutes of reference runs)
-        if folder.is_symlink() and not folder.exists():
-            raise SystemExit(f"error: --out {out}: {folder} is a link to {os.readlink(folder)}, which does not exist")
-        if folder.exists():
-            if not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
-                raise SystemExit(f"error: --out {out}: {folder} is not a folder this command can write in")
-            break
+    from attnlab.errors import AttnlabError  # (this interpreter runs attnlab's commands below)
+    from attnlab.files import refuse_unwritable
+
+    try:  # the runs are folders in --out: said now, not after minutes of reference runs
+        refuse_unwritable(out / "fast", f"--out {out}")
+    except AttnlabError as err:
+        raise SystemExit(f"error: {err}") from None
     planned = ([] if args.skip_fast else ["fast"]) + ([] if args.skip_nanogpt else ["nanogpt", "nanogpt-compiled",
                                                                                     "context256"])
     planned += ["nanogpt-itself"] if args.nanogpt_checkout is not None else []

@@ -359,6 +359,19 @@ def refuse_non_folder(path: str | Path, option: str = "") -> None:
                            f"give another {option or 'path'}")
 
 
+def refuse_unwritable(path: str | Path, named: str) -> None:
+    """Refuse, before the work, a ``path`` to be written that could not be: the nearest existing folder above it
+    must be a folder this user can write in (missing ones below it are made), with no link to nowhere on the way.
+    ``named``: how the message names the path (``--output hyp.txt``)."""
+    for folder in Path(path).absolute().parents:
+        if folder.is_symlink() and not folder.exists():
+            raise AttnlabError(f"{named}: {folder} is a link to {os.readlink(folder)}, which does not exist")
+        if folder.exists():
+            if not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
+                raise AttnlabError(f"{named}: {folder} is not a folder this command can write in")
+            return
+
+
 def ensure_writable_dir(path: str | Path) -> Path:
     """Create ``path`` if needed and check that files can be written in it."""
     path = Path(path)

@@ -32,7 +32,14 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
 from attnlab.errors import AttnlabError
-from attnlab.files import atomic_dir, atomic_path, recover_dir, write_json_atomic, written_in_place
+from attnlab.files import (
+    atomic_dir,
+    atomic_path,
+    recover_dir,
+    refuse_unwritable,
+    write_json_atomic,
+    written_in_place,
+)
 from attnlab.nn.models import DecoderLM, EncoderClassifier, Transformer
 
 #: Model classes a run config may name, by class name: the core models, plus whatever a task module
@@ -92,14 +99,7 @@ def _refuse_unwritable_output(out: Path, option: str) -> None:
         if not os.access(out, os.W_OK):
             raise AttnlabError(f"{option} {out} cannot be written by this user")
         return
-    target = Path(os.path.realpath(out)) if out.is_symlink() else out.absolute()
-    for folder in target.parents:
-        if folder.is_symlink() and not folder.exists():
-            raise AttnlabError(f"{option} {out}: {folder} is a link to {os.readlink(folder)}, which does not exist")
-        if folder.exists():
-            if not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
-                raise AttnlabError(f"{option} {out}: {folder} is not a folder this command can write in")
-            return
+    refuse_unwritable(Path(os.path.realpath(out)) if out.is_symlink() else out, f"{option} {out}")
 
 
 def refuse_overwriting(path: str | Path, option: str, *, run: str | Path,
