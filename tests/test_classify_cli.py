@@ -172,6 +172,20 @@ def test_predict_escapes_labels_as_it_escapes_texts(tmp_path):
         evaluated = run("eval", "classify", tmp_path / "run", "--data", tmp_path / "weird.jsonl")
     assert evaluated.exit_code == 0, evaluated.output
     assert not [w for w in caught if "Glyph" in str(w.message)], [str(w.message) for w in caught]
+    table = [line for line in evaluated.stdout.splitlines() if line.startswith("│")]  # the per-class rows
+    assert sum("tab\\there" in line for line in table) == 1 and sum("new\\nline" in line for line in table) == 1
+    assert not any(line.split("│")[1].strip() in ("tab", "here", "new", "line") for line in table), table
+    probed = run("probe", "padding", tmp_path / "run", "--data", tmp_path / "weird.jsonl")
+    assert probed.exit_code == 0, probed.output
+    shown = [line for line in probed.stdout.splitlines() if not line.startswith("note: ")]
+    assert shown[0].startswith("shortest text (") and ("tab\\there" in shown[0] or "new\\nline" in shown[0])
+    assert all(line.startswith(("  ", "shortest", "note", "accuracy", f"{40} texts")) for line in shown), shown
+    assert run("predict", tmp_path / "run", "ok \udcff").exit_code == 2  # bytes that are not UTF-8, as stdin's
+
+
+def test_summary_never_cuts_its_figures_short_on_a_narrow_terminal():
+    result = CliRunner().invoke(cli, ["summary", "--preset", "paper-big"], env={"COLUMNS": "50"})
+    assert result.exit_code == 0 and "214,282,376" in result.stdout, result.stdout
 
 
 def test_probes_order_and_padding(trained):

@@ -631,7 +631,13 @@ def test_a_report_of_an_earlier_stop_does_not_end_the_run_and_preset_on_resume_i
                      "--preset", "shakespeare-fast")
     assert resumed.exit_code == 0, resumed.output  # let through to write the report of the step it reached
     assert json.loads((folder / "result.json").read_text())["steps"] == 80
-    assert "resume: the run's saved settings are used; ignored: --preset shakespeare-fast" in resumed.stderr
+    ignored = [line for line in resumed.stderr.splitlines() if "ignored:" in line]
+    assert len(ignored) == 1 and "lr=0.006 (the run has 0.01)" in ignored[0]  # the preset's settings, named
+    assert " steps=" not in ignored[0]  # (where the run stops is not a preset's to change)
+    own = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", folder, "--resume", "--preset",
+                 "nanogpt-cpu", *TINY, "--lr", "0.5")  # the run's own preset and settings, but for --lr
+    ignored = [line for line in own.stderr.splitlines() if "ignored:" in line]
+    assert len(ignored) == 1 and ignored[0].endswith("ignored: lr=0.5 (the run has 0.01)"), own.stderr
     assert "has finished its 80 steps" in invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", folder,
                                                  "--resume", "--no-progress").stderr
 

@@ -12,7 +12,7 @@ from attnlab.cli.console import console as stdout_console
 from attnlab.cli.params import PathParam, default_output
 from attnlab.tasks.classify import load_classifier
 from attnlab.tasks.classify_eval import draw_confusion, evaluate_table
-from attnlab.tasks.tables import TABLE_FORMATS, read_table
+from attnlab.tasks.tables import TABLE_FORMATS, one_line, read_table
 from attnlab.training.checkpoint import refuse_overwriting
 from attnlab.training.plots import figure_format
 
@@ -46,11 +46,11 @@ def eval_classify(run: Path, data: Path, text_column: str | None, label_column: 
                           ("support", "right")):
         per_class.add_column(name, justify=justify, overflow="fold")  # (a label cut short could be another's)
     for row in evaluation.per_class:
-        per_class.add_row(row["label"], f"{row['precision']:.3f}", f"{row['recall']:.3f}", f"{row['f1']:.3f}",
+        per_class.add_row(one_line(row["label"]), f"{row['precision']:.3f}", f"{row['recall']:.3f}", f"{row['f1']:.3f}",
                           str(row["support"]))
     console.print(per_class)
     if evaluation.unseen:
-        listed = ", ".join(f"{lab} ({n})" for lab, n in evaluation.unseen.items())
+        listed = ", ".join(f"{one_line(lab)} ({n})" for lab, n in evaluation.unseen.items())
         click.echo(f"labels not seen in training, counted as errors: {listed}")
     if evaluation.truncated:
         click.echo(f"{evaluation.truncated} texts were cut to the model's {clf.max_len} positions")

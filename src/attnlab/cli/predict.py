@@ -27,6 +27,11 @@ def predict(run: Path, texts: tuple[str, ...], top: int, as_json: bool) -> None:
     theirs, and the text. Probabilities are the softmax of the model's scores.
     """
     clf = load_classifier(run)
+    for number, text in enumerate(texts, 1):  # refused as stdin's bytes are (the shell passes any bytes)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise AttnlabError(f"text {number} of {len(texts)} is not UTF-8 text") from None
     items = list(texts) if texts else read_lines("-")
     if not items:
         raise AttnlabError("no text to classify: give texts as arguments or one a line on stdin")

@@ -11,7 +11,7 @@ from attnlab.cli import SEED
 from attnlab.cli.params import PathParam
 from attnlab.tasks.classify import load_classifier
 from attnlab.tasks.classify_probes import IDENTICAL_ATOL, order_probe, padding_probe
-from attnlab.tasks.tables import TABLE_FORMATS, read_table
+from attnlab.tasks.tables import TABLE_FORMATS, one_line, read_table
 
 _run = click.argument("run", type=PathParam(path_type=Path))
 _data = click.option("--data", "data", type=PathParam(path_type=Path), required=True,
@@ -29,7 +29,7 @@ def _load(run: Path, data: Path, text_column: str | None, label_column: str | No
     unseen = [lab for lab in table.labels or [] if lab not in known]
     if unseen:  # said, as eval classify says it: an accuracy of 0 would otherwise look like the probe's finding
         kinds = sorted(set(unseen))
-        click.echo(f"note: {len(unseen)} rows have labels the run never saw ({', '.join(kinds[:5])}"
+        click.echo(f"note: {len(unseen)} rows have labels the run never saw ({', '.join(map(one_line, kinds[:5]))}"
                    f"{', ...' if len(kinds) > 5 else ''}); they count as errors in every accuracy", err=True)
     cut = clf.encode(table.texts).note("note: the probed texts")  # (as eval classify says it)
     if cut:
@@ -90,12 +90,13 @@ def probe_padding(run: Path, data: Path, text_column: str | None, label_column: 
     if ex.padding == 0:
         click.echo(f"note: every text is {result.longest} tokens long, so nothing gets padded and the lines below "
                    "cannot tell a working mask from a missing one; probe data with texts of different lengths")
-    click.echo(f"shortest text ({ex.label}, {ex.tokens} tokens, {ex.padding} padding next to the longest "
-               f"of {result.longest}): {ex.text}")
-    click.echo(f"  scores of {', '.join(ex.top)}:")
+    # (labels and text as predict writes them: a tab or line break in one would break the lines below)
+    click.echo(f"shortest text ({one_line(ex.label)}, {ex.tokens} tokens, {ex.padding} padding next to the longest "
+               f"of {result.longest}): {one_line(ex.text)}")
+    click.echo(f"  scores of {', '.join(map(one_line, ex.top))}:")
     for condition, name in (("alone", "alone, no padding:   "), ("padded_mask", "padded, with mask:   "),
                             ("padded_no_mask", "padded, without mask:")):
-        click.echo(f"  {name} {ex.scores[condition]} -> {ex.predicted[condition]}")
+        click.echo(f"  {name} {ex.scores[condition]} -> {one_line(ex.predicted[condition])}")
     click.echo(f"{result.texts} texts, each padded to {result.longest} tokens:")
     click.echo(f"accuracy alone:                {_pct(result.alone)}")
     verdict = "identical" if result.mask_identical else "DIFFERENT"

@@ -29,7 +29,7 @@ def summary(preset: str, expand: bool, as_json: bool) -> None:
     table = Table(title=f"{preset}: {MODEL_PRESETS[preset].source}", title_justify="left")
     table.add_column("layer", overflow="fold")  # (folded, not cut: two names cut alike could not be told apart)
     table.add_column("type", overflow="fold")
-    table.add_column("parameters", justify="right")
+    table.add_column("parameters", justify="right", no_wrap=True)  # (the command's figures: never cut short)
     table.add_column("note")
     for r in rows:
         table.add_row(r.name, r.kind, f"{r.parameters:,}", r.note)

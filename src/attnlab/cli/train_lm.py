@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -10,7 +11,7 @@ from attnlab.cli import SEED, omp_wait  # noqa: F401  (omp_wait: before torch is
 from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads, progress_option
 from attnlab.cli.train import says_how_to_continue
 from attnlab.tasks.lm import LMData
-from attnlab.tasks.lm_train import LM_PRESETS, LMReport, train_language_model
+from attnlab.tasks.lm_train import LM_PRESETS, RESUME_MAY_CHANGE, LMReport, train_language_model
 
 
 def describe_report(report: LMReport, out: Path) -> list[str]:
@@ -127,12 +128,11 @@ def train_lm(text: Path, out: Path, preset: str, compile_: bool | None, resume: 
                    + ("the run's saved settings" if resume else f"preset {preset}"))
 
     requested = {k: v for k, v in {"compile": compile_, **overrides}.items() if v is not None}  # given here
-    source = click.get_current_context().get_parameter_source("preset")
-    if resume and source == click.core.ParameterSource.COMMANDLINE:
-        from attnlab.training.distributed import is_main_process
-
-        if is_main_process():  # (the settings the run saved are its preset's, with its overrides)
-            click.echo(f"resume: the run's saved settings are used; ignored: --preset {preset}", err=True)
+    if resume and click.get_current_context().get_parameter_source("preset") == click.core.ParameterSource.COMMANDLINE:
+        # A preset asks for its settings: those the run saved otherwise are named with the others in the one
+        # "ignored" line (none when it is the run's own preset). Where the run stops is not a preset's to change.
+        asked = {k: v for k, v in asdict(LM_PRESETS[preset]).items() if v is not None and k not in RESUME_MAY_CHANGE}
+        requested = {**asked, **requested}
     _, report = train_language_model(text, out, settings, progress=progress, resume=resume, on_data=on_data,
                                      requested=requested)
     for line in describe_report(report, out):
