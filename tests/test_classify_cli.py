@@ -183,6 +183,15 @@ def test_predict_escapes_labels_as_it_escapes_texts(tmp_path):
     assert run("predict", tmp_path / "run", "ok \udcff").exit_code == 2  # bytes that are not UTF-8, as stdin's
 
 
+def test_one_line_writes_every_control_character_visibly_and_keeps_values_apart():
+    from attnlab.tasks.tables import one_line
+
+    assert one_line("tab\there\nnew\\") == "tab\\there\\nnew\\\\"
+    assert one_line("ff\x0cfeed") == "ff\\x0cfeed" and one_line("esc\x1b[31m") == "esc\\x1b[31m"
+    assert one_line("a\u2028b\x85c") == "a\\u2028b\\x85c" and one_line("é🙂") == "é🙂"
+    assert one_line("ff\x0cfeed") != one_line("fffeed")
+
+
 def test_summary_never_cuts_its_figures_short_on_a_narrow_terminal():
     result = CliRunner().invoke(cli, ["summary", "--preset", "paper-big"], env={"COLUMNS": "50"})
     assert result.exit_code == 0 and "214,282,376" in result.stdout, result.stdout

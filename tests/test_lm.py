@@ -638,6 +638,7 @@ def test_a_report_of_an_earlier_stop_does_not_end_the_run_and_preset_on_resume_i
                  "nanogpt-cpu", *TINY, "--lr", "0.5")  # the run's own preset and settings, but for --lr
     ignored = [line for line in own.stderr.splitlines() if "ignored:" in line]
     assert len(ignored) == 1 and ignored[0].endswith("ignored: lr=0.5 (the run has 0.01)"), own.stderr
+    assert "--bpe-vocab-size" not in own.stderr + resumed.stderr  # (the preset's settings were not typed)
     assert "has finished its 80 steps" in invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", folder,
                                                  "--resume", "--no-progress").stderr
 

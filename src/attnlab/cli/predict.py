@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -27,12 +28,13 @@ def predict(run: Path, texts: tuple[str, ...], top: int, as_json: bool) -> None:
     theirs, and the text. Probabilities are the softmax of the model's scores.
     """
     clf = load_classifier(run)
-    for number, text in enumerate(texts, 1):  # refused as stdin's bytes are (the shell passes any bytes)
+    arguments = []
+    for number, text in enumerate(texts, 1):  # read as stdin's bytes are, whatever the locale decoded them as
         try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
+            arguments.append(os.fsencode(text).decode("utf-8"))
+        except UnicodeError:
             raise AttnlabError(f"text {number} of {len(texts)} is not UTF-8 text") from None
-    items = list(texts) if texts else read_lines("-")
+    items = arguments if texts else read_lines("-")
     if not items:
         raise AttnlabError("no text to classify: give texts as arguments or one a line on stdin")
     empty = [i for i, t in enumerate(items, 1) if not t.strip()]

@@ -30,7 +30,7 @@ def summary(preset: str, expand: bool, as_json: bool) -> None:
     table.add_column("layer", overflow="fold")  # (folded, not cut: two names cut alike could not be told apart)
     table.add_column("type", overflow="fold")
     table.add_column("parameters", justify="right", no_wrap=True)  # (the command's figures: never cut short)
-    table.add_column("note")
+    table.add_column("note", overflow="fold")  # (it names the parameter shared: not to be cut either)
     for r in rows:
         table.add_row(r.name, r.kind, f"{r.parameters:,}", r.note)
     table.add_section()

@@ -128,12 +128,13 @@ def train_lm(text: Path, out: Path, preset: str, compile_: bool | None, resume: 
                    + ("the run's saved settings" if resume else f"preset {preset}"))
 
     requested = {k: v for k, v in {"compile": compile_, **overrides}.items() if v is not None}  # given here
+    preset_asks = None
     if resume and click.get_current_context().get_parameter_source("preset") == click.core.ParameterSource.COMMANDLINE:
         # A preset asks for its settings: those the run saved otherwise are named with the others in the one
-        # "ignored" line (none when it is the run's own preset). Where the run stops is not a preset's to change.
-        asked = {k: v for k, v in asdict(LM_PRESETS[preset]).items() if v is not None and k not in RESUME_MAY_CHANGE}
-        requested = {**asked, **requested}
+        # "ignored" line (none for the run's own preset and flags). Where the run stops is not a preset's to change.
+        preset_asks = {k: v for k, v in asdict(LM_PRESETS[preset]).items()
+                       if v is not None and k not in RESUME_MAY_CHANGE}
     _, report = train_language_model(text, out, settings, progress=progress, resume=resume, on_data=on_data,
-                                     requested=requested)
+                                     requested=requested, preset_asks=preset_asks)
     for line in describe_report(report, out):
         click.echo(line)

@@ -262,7 +262,7 @@ def _notes(settings: LMSettings, data: LMData, requested: dict[str, Any]) -> lis
 
 
 def _resumed_settings(out: str | Path, text: str | Path | None, requested: dict[str, Any],
-                      task_name: str) -> tuple[dict[str, Any], LMSettings, bool]:
+                      task_name: str, preset_asks: dict[str, Any]) -> tuple[dict[str, Any], LMSettings, bool]:
     """What ``--resume`` continues: the run's saved config, its settings, and whether a checkpoint is there.
 
     The saved settings win, except those of :data:`RESUME_MAY_CHANGE` (where the run stops, what it saves on
@@ -278,7 +278,7 @@ def _resumed_settings(out: str | Path, text: str | Path | None, requested: dict[
     before = LMSettings(**{"bias": True, **saved, "betas": tuple(saved["betas"])})
     settings = replace(before, **{k: v for k, v in requested.items() if k in RESUME_MAY_CHANGE})
     main = is_main_process()
-    ignored = ignored_on_resume(requested, asdict(settings))
+    ignored = ignored_on_resume({**preset_asks, **requested}, asdict(settings))
     if ignored and main:
         print(ignored, file=sys.stderr)
     if text is not None:
@@ -327,6 +327,7 @@ def train_language_model(
     data: LMData | None = None,
     on_data: Callable[[LMData], None] | None = None,
     requested: dict[str, Any] | None = None,
+    preset_asks: dict[str, Any] | None = None,
     measure_peak: bool = True,
 ) -> tuple[nn.Module, LMReport]:
     """Train a decoder LM on ``text`` into run folder ``out`` and measure it; see the module docstring.
@@ -343,6 +344,7 @@ def train_language_model(
         data: already loaded data (to train several models on one split).
         on_data: called once the data is ready (to print its size).
         requested: the settings the command line gave; on resume, those the saved ones overrule are named.
+        preset_asks: on resume, the settings of a preset the command line named, named too where the run saved others.
         measure_peak: time large matmuls before training (about a second, left out of the wall time).
 
     Returns:
@@ -354,7 +356,7 @@ def train_language_model(
     run_config: dict[str, Any] | None = None
     if resume:  # the saved settings win: a resumed run must repeat the steps of the one it continues
         run_config, settings, resume = _resumed_settings(out, None if data is not None else text, requested or {},
-                                                         task_name)
+                                                         task_name, preset_asks or {})
     else:  # every process checks, before the barrier below lets rank 0 write
         refuse_existing_run(out)
     if settings.bf16 is None:  # (a preset's "where it is fast"; a resumed run has its saved True or False)

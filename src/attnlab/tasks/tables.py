@@ -270,7 +270,16 @@ def split_off(table: Table, fraction: float, seed: int) -> tuple[Table, Table]:
             table.subset(valid, f"{table.path} (validation part)"))
 
 
+#: Characters that would add a field or a line, or act on a terminal, or vanish: every control character and the
+#: Unicode line and paragraph separators (which ``str.splitlines`` breaks at).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
 def one_line(value: str) -> str:
     """A text or label for one field of one line (a tab-separated column, a figure's tick label): tabs and line
-    breaks written as ``\\t``, ``\\n``, ``\\r``, and a backslash as two, so that none adds a field or a line."""
-    return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    breaks written as ``\\t``, ``\\n``, ``\\r``, other control characters as ``\\x1b`` or ``\\u2028``, and a
+    backslash as two, so that none adds a field or a line, acts on a terminal or disappears, and two values never
+    look alike."""
+    return _UNPRINTABLE.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                                               else f"\\u{ord(m.group()):04x}"), value.replace("\\", "\\\\"))
