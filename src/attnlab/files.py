@@ -173,6 +173,20 @@ WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROF
 
 
 @contextmanager
+def said_by_path(path: str | Path, *, only: tuple[int, ...] | None = None,
+                 also: tuple[type[Exception], ...] = ()) -> Iterator[None]:
+    """Turn a failed write into one :class:`AttnlabError` that names ``path`` (the system's error for a full disk
+    names no file): an ``OSError`` (of the error numbers ``only``, when given) or one of the types ``also`` (a
+    writer's own, such as safetensors')."""
+    try:
+        yield
+    except (OSError, *also) as err:
+        if isinstance(err, OSError) and only is not None and err.errno not in only:
+            raise
+        raise AttnlabError(f"cannot write {path}: {getattr(err, 'strerror', None) or err}") from err
+
+
+@contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is renamed to ``path``, on error removed.
 
@@ -195,23 +209,18 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     ensure_writable_dir(path.parent)
     mode = path.stat().st_mode & 0o7777 if path.is_file() else 0o666 & ~_umask()
     _remove_abandoned(path)
-    try:
+    with said_by_path(path):  # by the name given, not the temporary one's (a folder such as /proc refuses files)
         fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent)
-    except OSError as err:  # said by the name given, not the temporary one's (a folder such as /proc refuses files)
-        raise AttnlabError(f"cannot write {path}: {err.strerror}") from err
     os.close(fd)
     tmp_path = Path(tmp)
     try:
-        os.chmod(tmp_path, mode)
-        yield tmp_path
-        os.chmod(tmp_path, mode)
-        _fsync(tmp_path)
-        os.replace(tmp_path, path)
-        _fsync(path.parent)
-    except OSError as err:
-        if err.errno in WRITE_FAILURES:  # said by the file's name: the system's message names none
-            raise AttnlabError(f"cannot write {path}: {err.strerror}") from err
-        raise
+        with said_by_path(path, only=WRITE_FAILURES):
+            os.chmod(tmp_path, mode)
+            yield tmp_path
+            os.chmod(tmp_path, mode)
+            _fsync(tmp_path)
+            os.replace(tmp_path, path)
+            _fsync(path.parent)
     finally:
         tmp_path.unlink(missing_ok=True)
 
@@ -229,9 +238,7 @@ def move_into_place(source: Path, target: str | Path) -> None:
     replaces, flushed to the disk. A device, a pipe or a stream (see :func:`atomic_path`), and a target on another
     file system, are written through :func:`atomic_path` instead."""
     target = Path(target)
-    if written_in_place(target):
-        moved = False
-    else:
+    if not written_in_place(target):
         if target.is_symlink():
             target = Path(os.path.realpath(target))
         if target.is_file():
@@ -239,14 +246,12 @@ def move_into_place(source: Path, target: str | Path) -> None:
         _fsync(source)
         try:
             os.replace(source, target)
-            moved = True
         except OSError as err:
             if err.errno != errno.EXDEV:
                 raise
-            moved = False
-    if moved:
-        _fsync(target.parent)
-        return
+        else:
+            _fsync(target.parent)
+            return
     with atomic_path(target) as tmp:
         shutil.copyfile(source, tmp)
     source.unlink()
@@ -282,12 +287,9 @@ def _written_in_place(path: Path) -> Iterator[Path]:
                 raise AttnlabError(f"cannot write {path}: {err.strerror} (its temporary file in "
                                    f"{tmp_path.parent})") from err
             raise
-        try:
-            # (appended: a stream redirected with >> keeps what came before, and a pipe or device has no end to cut)
-            with open(tmp_path, "rb") as source, open(path, "ab") as target:
-                shutil.copyfileobj(source, target)
-        except OSError as err:
-            raise AttnlabError(f"cannot write {path}: {err.strerror}") from err
+        # (appended: a stream redirected with >> keeps what came before, and a pipe or device has no end to cut)
+        with said_by_path(path), open(tmp_path, "rb") as source, open(path, "ab") as target:
+            shutil.copyfileobj(source, target)
     finally:
         tmp_path.unlink(missing_ok=True)
 
@@ -360,10 +362,21 @@ def refuse_non_folder(path: str | Path, option: str = "") -> None:
 
 
 def refuse_unwritable(path: str | Path, named: str) -> None:
-    """Refuse, before the work, a ``path`` to be written that could not be: the nearest existing folder above it
-    must be a folder this user can write in (missing ones below it are made), with no link to nowhere on the way.
+    """Refuse, before the work, a ``path`` that :func:`atomic_path` (or a folder made there) could not write where
+    it writes it: a device or stream in place (it must be writable itself), a file through a link at the link's
+    target, in the nearest existing folder (missing ones below it are made, but not through a link to nowhere).
     ``named``: how the message names the path (``--output hyp.txt``)."""
-    for folder in Path(path).absolute().parents:
+    path = Path(path)
+    if path.is_symlink():
+        try:
+            path.resolve()
+        except RuntimeError:  # (Python's word for a loop of links)
+            raise AttnlabError(f"{named} is a loop of links") from None
+    if written_in_place(path):  # (asked of the name given: /dev/stdout resolves to the file the shell opened)
+        if not os.access(path, os.W_OK):
+            raise AttnlabError(f"{named} cannot be written by this user")
+        return
+    for folder in (Path(os.path.realpath(path)) if path.is_symlink() else path.absolute()).parents:
         if folder.is_symlink() and not folder.exists():
             raise AttnlabError(f"{named}: {folder} is a link to {os.readlink(folder)}, which does not exist")
         if folder.exists():

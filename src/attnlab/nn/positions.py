@@ -66,7 +66,7 @@ def _check_span(length: int, offset: int, max_positions: int, what: str) -> tupl
             raise AttnlabError(f"the {what} takes a length and an offset (whole numbers) and returns the rows to "
                                f"add; got {given} as the {name}")
         checked.append(int(value) if isinstance(value, np.integer) else value)
-    length, offset = checked
+    length, offset = checked  # (the range below is checked on these ints)
     if offset < 0 or length < 0:
         raise AttnlabError(f"positions must be >= 0, got offset {offset} and length {length}")
     if offset + length > max_positions:

@@ -281,5 +281,10 @@ def one_line(value: str) -> str:
     breaks written as ``\\t``, ``\\n``, ``\\r``, other control characters as ``\\x1b`` or ``\\u2028``, and a
     backslash as two, so that none adds a field or a line, acts on a terminal or disappears, and two values never
     look alike."""
-    return _UNPRINTABLE.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                                               else f"\\u{ord(m.group()):04x}"), value.replace("\\", "\\\\"))
+    return _UNPRINTABLE.sub(_escaped, value.replace("\\", "\\\\"))
+
+
+def _escaped(match: re.Match[str]) -> str:
+    """One unprintable character as ``\\t`` (tab, line feed, return) or its code, ``\\x1b``, ``\\u2028``."""
+    char = match.group()
+    return _NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")

@@ -17,12 +17,9 @@ Every file and the checkpoint folder are written under a temporary name and rena
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import math
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,8 +34,8 @@ from attnlab.files import (
     atomic_path,
     recover_dir,
     refuse_unwritable,
+    said_by_path,
     write_json_atomic,
-    written_in_place,
 )
 from attnlab.nn.models import DecoderLM, EncoderClassifier, Transformer
 
@@ -86,22 +83,6 @@ RUN_OWNED_SUFFIXES = (".json", ".jsonl", ".safetensors")
 RUN_OWNED_NAMES = (LOSS_PLOT,)
 
 
-def _refuse_unwritable_output(out: Path, option: str) -> None:
-    """Refuse, before the work, an output that :func:`~attnlab.files.atomic_path` could not write where it writes
-    it: a device or stream in place (it must be writable itself), a file through a link at the link's target, in
-    the nearest existing folder (missing ones below it are made, but not through a link to nowhere)."""
-    if out.is_symlink():
-        try:
-            out.resolve()
-        except RuntimeError:  # (Python's word for a loop of links)
-            raise AttnlabError(f"{option} {out} is a loop of links") from None
-    if written_in_place(out):
-        if not os.access(out, os.W_OK):
-            raise AttnlabError(f"{option} {out} cannot be written by this user")
-        return
-    refuse_unwritable(Path(os.path.realpath(out)) if out.is_symlink() else out, f"{option} {out}")
-
-
 def refuse_overwriting(path: str | Path, option: str, *, run: str | Path,
                        reads: tuple[tuple[str, str | Path | None], ...] = ()) -> None:
     """Refuse ``path`` as the output of ``option`` when writing it would destroy what the command or the run
@@ -117,7 +98,7 @@ def refuse_overwriting(path: str | Path, option: str, *, run: str | Path,
         raise AttnlabError(f"{option} names a file; - (standard output) is not one here")
     if out.is_dir():  # said before the work, not when its result is written
         raise AttnlabError(f"{option} {out} is a folder; give a file name to write")
-    _refuse_unwritable_output(out, option)
+    refuse_unwritable(out, f"{option} {out}")  # (said before the work, not when its result is written)
     for name, source in reads:
         if source is None or str(source) == "-" or not out.exists() or not Path(source).exists():
             continue
@@ -183,22 +164,9 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
-@contextlib.contextmanager
-def _said_by_path(path: str | Path) -> Iterator[None]:
-    """Turn a failed write (a full disk, a file-size limit) into one :class:`AttnlabError` that names ``path``:
-    safetensors raises its own error type, which the command line would show as a traceback, and the system's
-    error for a full disk names no file."""
-    try:
-        yield
-    except SafetensorError as err:
-        raise AttnlabError(f"cannot write {path}: {err}") from err
-    except OSError as err:
-        raise AttnlabError(f"cannot write {path}: {err.strerror or err}") from err
-
-
 def save_weights(model: nn.Module, path: str | Path) -> None:
     """Write the model's weights as safetensors, atomically. Tied weights are stored once."""
-    with _said_by_path(path), atomic_path(path) as tmp:
+    with said_by_path(path, also=(SafetensorError,)), atomic_path(path) as tmp:  # (safetensors' own error type)
         save_model(unwrap(model), str(tmp))
 
 
@@ -362,7 +330,8 @@ def save_checkpoint(
     for index, per_param in state["state"].items():
         for key, value in per_param.items():
             tensors[f"state.{index}.{key}"] = value if torch.is_tensor(value) else torch.tensor(value)
-    with _said_by_path(Path(run_dir) / CHECKPOINT), atomic_dir(Path(run_dir) / CHECKPOINT) as tmp:
+    folder = Path(run_dir) / CHECKPOINT
+    with said_by_path(folder, also=(SafetensorError,)), atomic_dir(folder) as tmp:
         save_model(unwrap(model), str(tmp / WEIGHTS))
         if averaged is not None:
             save_model(averaged, str(tmp / AVERAGED))

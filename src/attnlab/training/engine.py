@@ -44,7 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from attnlab.errors import AttnlabError
-from attnlab.files import holding_run_folder, refuse_non_folder, write_text_atomic
+from attnlab.files import holding_run_folder, refuse_non_folder, said_by_path, write_text_atomic
 from attnlab.training import distributed
 from attnlab.training.checkpoint import (
     CHECKPOINT,
@@ -285,11 +285,8 @@ class Trainer:
 
     def _log(self, record: dict[str, Any]) -> None:
         if self.place.is_main:
-            try:
-                with open(self.metrics_path, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(record) + "\n")
-            except OSError as err:  # (a full disk's message names no file)
-                raise AttnlabError(f"cannot write {self.metrics_path}: {err.strerror or err}") from err
+            with said_by_path(self.metrics_path), open(self.metrics_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
 
     def _trim_metrics(self, step: int) -> None:
         """On resume, forget what was logged after the checkpoint: those steps will be run again."""
