@@ -901,6 +901,28 @@ def test_ids_are_drawn_from_a_vocabulary_of_any_size_without_a_table_of_it():
     assert set(draws.tolist()) == {0, 2, 3}
 
 
+def test_only_takes_one_name_as_a_name_and_refuses_an_empty_selection():
+    lm = DecoderLM(20, 8, 1, 2).eval()
+    report = run_checks(lm, Contract("decoder", vocab_size=20), seeds=1, only="causal")  # was: unknown check 'c'
+    assert [r.name for r in report.results] == ["causal"] and not report.failed
+    with pytest.raises(AttnlabError, match="only names no check"):  # was: a passing report of 0 checks
+        run_checks(lm, Contract("decoder", vocab_size=20), seeds=1, only=[])
+
+
+def test_a_model_that_requires_a_keyword_only_mask_is_one_error_line_that_says_what_to_pass():
+    """Python says "missing 1 required keyword-only argument": every check failed on it, blaming the model."""
+    lm = DecoderLM(20, 8, 1, 2).eval()
+
+    class NeedsMask(nn.Module):
+        def forward(self, ids, *, attend_mask):
+            return lm(ids)
+
+    with pytest.raises(AttnlabError, match=r"^the model cannot be called as a decoder is, model\(ids\): TypeError: "
+                                           r".*missing 1 required keyword-only argument: 'attend_mask'; the checks pass "
+                                           r"ids alone: give a factory whose model builds its masks from the ids"):
+        run_checks(NeedsMask(), Contract("decoder", vocab_size=20), seeds=1)
+
+
 def test_a_model_of_another_kind_is_told_to_check_its_kind():
     seq2seq = Transformer(20, 20, 8, 1, 2, 16).eval()
     with pytest.raises(AttnlabError, match=r"^the model cannot be called as a decoder is, model\(ids\): TypeError: "
@@ -1205,3 +1227,95 @@ def test_a_model_loaded_under_inference_mode_is_checked_not_reported_as_raising(
     report = run_checks(model, Contract("encoder", pad_id=None), seeds=1, only=["mode", "finite-outputs"])
     assert all("raised" not in r.summary for r in report.results), [r.summary for r in report.results]
     assert report.result("mode").status in ("pass", "note")
+
+
+def test_attnlabs_own_models_are_padded_with_their_own_pad_id(tmp_path):
+    """A model built with pad_id=1 was padded with the default 0: the padding checks failed a correct model, and
+    the cache check drew its pad id as a real token."""
+    (tmp_path / "own.py").write_text(
+        "import torch\n"
+        "from attnlab.nn import DecoderLM, EncoderClassifier\n"
+        "def clf():\n    torch.manual_seed(0)\n    return EncoderClassifier(32, 3, 32, 2, 2, 64, max_positions=64, pad_id=1).eval()\n"
+        "def lm():\n    torch.manual_seed(0)\n    return DecoderLM(32, 32, 2, 2, max_positions=64, pad_id=1).eval()\n")
+    for factory, kind in (("clf", "encoder"), ("lm", "decoder")):
+        result = invoke(f"{tmp_path / 'own.py'}:{factory}", "--kind", kind, "--seeds", 2, "--json")
+        report = json.loads(result.stdout)
+        assert result.exit_code == 0 and report["passed"] and report["contract"]["pad_id"] == 1, result.output
+    told = CliRunner().invoke(cli, ["check", f"{tmp_path / 'own.py'}:clf", "--kind", "encoder", "--seeds", "1",
+                                    "--pad-id", "0"])
+    assert "warning: PadIdWarning: the model hides pad id 1 but the checks pad with 0" in told.stderr
+
+
+def test_a_failed_comparison_of_a_half_precision_output_says_rounding_may_be_the_cause():
+    """A correct bfloat16 model failed padding-invariance by 0.0156, and the message blamed its masks alone."""
+    table = torch.randn(20, 8)
+
+    def looks_ahead(ids):  # each position sums its own and every later token's vectors: not causal
+        return table[ids].flip(1).cumsum(1).flip(1)
+
+    def report(dtype):
+        return run_checks(lambda ids: looks_ahead(ids).to(dtype), Contract("decoder", vocab_size=20, pad_id=None),
+                          seeds=1, only=["causal"]).result("causal")
+
+    assert report(torch.bfloat16).failed and report(torch.bfloat16).summary.endswith(
+        "; note: the output is bfloat16, whose rounding alone can pass this bound: check the model in float32 to "
+        "tell a bug from rounding")
+    assert report(torch.float32).failed and "rounding" not in report(torch.float32).summary
+
+
+def test_a_logit_masked_to_minus_infinity_everywhere_passes_finite_outputs_and_is_said():
+    """A decoder that never predicts its padding id (its logit -inf) failed finite-outputs as broken arithmetic."""
+    lm = DecoderLM(20, 8, 1, 2, max_positions=32, pad_id=0).eval()
+
+    class NoPadLogit(nn.Module):
+        def __init__(self, everywhere):
+            super().__init__()
+            self.lm, self.everywhere = lm, everywhere
+
+        def forward(self, ids):
+            logits = self.lm(ids)
+            if self.everywhere:
+                logits[..., 0] = -torch.inf
+            else:  # only where the input is padding: arithmetic of the padding, not a masked logit
+                logits[..., 0] = logits[..., 0].masked_fill(ids == 0, -torch.inf)
+            return logits
+
+    contract = Contract("decoder", vocab_size=20)
+    passed = run_checks(NoPadLogit(True), contract, seeds=2, only=["finite-outputs"]).result("finite-outputs")
+    assert passed.status == "pass" and passed.summary.endswith("; feature [0] -inf everywhere, a masked logit")
+    failed = run_checks(NoPadLogit(False), contract, seeds=2, only=["finite-outputs"]).result("finite-outputs")
+    assert failed.failed and "not finite" in failed.summary
+
+
+def test_a_seq2seq_model_whose_output_follows_the_source_is_told_to_check_its_arguments():
+    """Probed with a source and a target of one length, a model taking (tgt, src) was checked as per-position and
+    failed with messages that contradicted each other (shapes (2, 32) and (4, 32) "in two calls")."""
+    seq2seq = Transformer(20, 20, 8, 1, 2, 16).eval()
+
+    class Swapped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = seq2seq
+
+        def forward(self, tgt, src):
+            return self.inner(src, tgt)
+
+    with pytest.raises(AttnlabError, match=r"the checks cannot use the model's output: the output follows the "
+                                           r"source's length, not the target's .* does it take them in another order"):
+        run_checks(Swapped(), Contract("seq2seq", vocab_size=20), seeds=1)
+    assert not run_checks(seq2seq, Contract("seq2seq", vocab_size=20), seeds=1, only=["causal"]).failed
+
+
+def test_outputs_that_hardly_react_to_any_token_make_causal_inconclusive_not_a_pass():
+    """A bidirectional BERT with 0.002 initialisation moved by 3e-6 at most: causal passed it, leak and all."""
+    table = torch.randn(20, 8)
+
+    def faint_leak(ids):  # every position sums the later tokens' vectors, at a millionth of the output's size
+        return 1.0 + 1e-7 * table[ids].flip(1).cumsum(1).flip(1)
+
+    result = run_checks(faint_leak, Contract("decoder", vocab_size=20, pad_id=None), seeds=1,
+                        only=["causal"]).result("causal")
+    assert result.status == "note" and result.summary.startswith("inconclusive: the outputs hardly react to any token")
+    loud = run_checks(lambda ids: 1.0 + table[ids].cumsum(1), Contract("decoder", vocab_size=20, pad_id=None), seeds=1,
+                      only=["causal"]).result("causal")
+    assert loud.status == "pass"  # a causal model whose outputs react passes as before

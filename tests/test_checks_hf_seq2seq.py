@@ -191,8 +191,10 @@ def test_each_adapter_refuses_the_other_kind_of_model_and_a_pad_id_that_is_not_a
                                                                 n_positions=MAX_LEN))
     with pytest.raises(AttnlabError, match="HFSeq2SeqAdapter takes a Hugging Face encoder-decoder .* got GPT2LMHeadModel"):
         HFSeq2SeqAdapter(gpt2)
-    with pytest.raises(AttnlabError, match="decoder_pad_id must be a whole number or None, got '0'"):
+    with pytest.raises(AttnlabError, match=r"decoder_pad_id must be a token id \(a whole number >= 0\) or None, got '0'"):
         HFSeq2SeqAdapter(tiny_t5(), decoder_pad_id="0")
+    with pytest.raises(AttnlabError, match=r"pad_id must be a token id \(a whole number >= 0\) or None, got -1"):
+        HFAdapter(gpt2, pad_id=-1)  # the checks advised "--vocab-size above -1"
     # T5's encoder alone has no decoder: an encoder, for HFAdapter, and checked as one.
     encoder = transformers.T5EncoderModel(tiny_t5().config)
     report = run_checks(HFAdapter(encoder, pad_id=0), Contract("encoder"), seeds=1, only=["padding-invariance"])

@@ -677,3 +677,37 @@ def test_a_run_finished_meanwhile_in_the_same_new_folder_is_not_replaced(tmp_pat
     assert result.exit_code == 2 and result.stderr.splitlines()[-1].endswith("already holds a run; pass --resume to "
                                                                               "continue it or choose another --out")
     assert [p.name for p in out.iterdir()] == ["config.json"] and "theirs" in (out / "config.json").read_text()
+
+
+def test_a_run_no_longer_than_its_warmup_says_it_never_decays(tmp_path):
+    """--steps 3 under the default warmup of one epoch: the rate never reached its peak, and nothing said so."""
+    train = write_tickets(tmp_path / "t.csv", 120, seed=0)  # 108 training rows: 7 batches of 16 an epoch
+    short = run("train", "classify", "--train", train, "--out", tmp_path / "short", "--model", "tiny", *SMALL,
+                "--steps", "3")
+    assert short.exit_code == 0, short.output
+    assert ("--warmup-epochs 1 is 7 steps, not fewer than the run's 3: the learning rate warms up for the whole run "
+            "(no cosine decay, never reaching its peak 0.003)\n") in short.stdout
+    whole = run("train", "classify", "--train", train, "--out", tmp_path / "whole", "--model", "tiny", *SMALL,
+                "--epochs", "1")
+    assert "is 7 steps, not fewer than the run's 7: the learning rate warms up for the whole run (no cosine decay)\n" \
+        in whole.stdout
+    longer = run("train", "classify", "--train", train, "--out", tmp_path / "long", "--model", "tiny", *SMALL,
+                 "--epochs", "2")
+    assert longer.exit_code == 0 and "warm" not in longer.output
+
+
+def test_the_logged_accuracy_counts_unseen_validation_labels_as_the_report_does(tmp_path):
+    """The metrics log (and loss.png) said 14/297 where the last line and result.json said 14/300."""
+    train = write_tickets(tmp_path / "t.csv", 120, seed=0)
+    valid = write_tickets(tmp_path / "v.csv", 20, seed=1)
+    with open(valid, "a", encoding="utf-8") as f:
+        f.write("where is my parcel,lost_parcel\nmy parcel is lost,lost_parcel\n")
+    out = tmp_path / "run"
+    result = run("train", "classify", "--train", train, "--valid", valid, "--out", out, "--model", "tiny", *SMALL,
+                 "--epochs", "2")
+    assert result.exit_code == 0 and "2 rows have labels not in the training data (lost_parcel)" in result.output
+    report = json.loads((out / "result.json").read_text())
+    assert report["total"] == 22 and report["correct"] <= 20
+    logged = [r["eval"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval" in r]
+    best = max(r["accuracy"] for r in logged)
+    assert best == pytest.approx(report["correct"] / 22) == pytest.approx(report["accuracy"])

@@ -49,6 +49,11 @@ def test_every_threads_option_notes_more_threads_than_cpus(monkeypatch):
                            "wait for each other\n")
     assert CliRunner().invoke(command, ["--threads", "2"]).stderr == ""
     assert CliRunner().invoke(command, ["--threads", "-1"]).exit_code == 2
+    # Far past any machine: torch's conversion overflowed (a traceback), OpenMP crashed the process.
+    for huge in ("4097", "40000", "99999999999"):
+        refused = CliRunner().invoke(command, ["--threads", huge])
+        assert refused.exit_code == 2 and f"{huge} is not in the range 0<=x<=4096" in refused.stderr
+    assert CliRunner().invoke(command, ["--threads", "4096"]).exit_code == 0
 
 
 @pytest.mark.parametrize("args", [["train", "classify", "--train", "x.csv", "--out", "y", "--dropout", "nan"],

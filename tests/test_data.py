@@ -59,6 +59,22 @@ def test_bpe_tokenizer_specials_and_exact_detokenization(tmp_path):
     assert load_tokenizer(tmp_path / "b.json").encode(texts[0]) == tok.encode(texts[0])
 
 
+def test_bpe_reads_tabs_and_extra_spaces_as_one_space_unless_told_to_keep_them(tmp_path):
+    """A tab became <unk> and a trailing or double space a piece of its own: an invisible difference changed a
+    translation. The language model keeps its text's line breaks and indentation (collapse_whitespace=False)."""
+    texts = ["Ein Mann fährt Fahrrad.", "Eine Frau liest ein Buch.", "Zwei Hunde spielen im Schnee."] * 20
+    tok = BPETokenizer.train(texts, vocab_size=120, min_frequency=1)
+    tok.save(tmp_path / "b.json")
+    clean = tok.encode("Ein Mann fährt Fahrrad.")
+    for t in (tok, load_tokenizer(tmp_path / "b.json")):  # the rule is saved with the tokenizer
+        for messy in ("Ein\tMann\tfährt\tFahrrad.", "Ein Mann fährt Fahrrad. ", "  Ein Mann  fährt\u00a0Fahrrad.",
+                      "Ein Mann\nfährt\r\nFahrrad.\u3000"):
+            assert t.encode(messy) == clean, messy
+    running = BPETokenizer.train(["To be,\n  or not\tto be."] * 20, vocab_size=120, min_frequency=1,
+                                 collapse_whitespace=False)
+    assert running.decode(running.encode("To be,\n  or not\tto be.")) == "To be,\n  or not\tto be."
+
+
 def test_bpe_reads_special_token_names_in_a_text_as_plain_characters(tmp_path):
     """A sentence quoting "<pad>" or "<eos>" must not turn into padding or an end of sentence (the loss would
     skip the one and a decoder learn to stop at the other), neither when trained nor once read back."""

@@ -135,6 +135,67 @@ def test_a_run_of_another_task_or_no_run_is_a_clear_error(tmp_path):
     assert result.exit_code == 2 and result.stderr == f"error: {tmp_path / 'file'} is not a folder\n"
 
 
+def test_a_prompt_whose_bytes_are_not_utf8_is_one_error_line(run):
+    """Python reads such bytes as surrogates: a BPE run raised a TypeError, a char run named a character '\\udcff'."""
+    result = invoke("generate", run[0], "--prompt", "the \udcff", "--max-new-tokens", 3)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: Invalid value for '--prompt': the text is not UTF-8 (see ")
+
+
+def test_one_final_evaluation_batch_is_said_in_the_singular(tmp_path):
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    args = [a if a != "8" else "1" for a in TINY]  # --final-eval-iters 1
+    result = invoke("train", "lm", "--text", text, "--out", tmp_path / "r", *args)
+    assert result.exit_code == 0 and result.stdout.rstrip().endswith("nats/token (1 batch of 12x24)")  # (evaluation batches of 12)
+
+
+def test_an_out_whose_name_is_not_utf8_is_refused_before_training(tmp_path):
+    """safetensors writes no weights under such a path: the run trained to its end, then failed (as did --resume)."""
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    out = tmp_path / "nu\udcff"
+    result = invoke("train", "lm", "--text", text, "--out", out, *TINY)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "is not a UTF-8 name, and safetensors reads and writes weights only under UTF-8 paths" in result.stderr
+    assert not out.exists()
+
+
+def test_a_new_run_refuses_another_tasks_run_and_a_checkpoint_left_without_its_config(run, tmp_path):
+    """Into another task's run the advice was --resume, which that task then refused. A checkpoint whose
+    config.json was deleted was trained over: a failure or Ctrl-C of the new run kept the old checkpoint as its
+    own, and --resume went on from the old run's weights."""
+    import shutil
+
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    csv = tmp_path / "t.csv"
+    csv.write_text("text,label\n" + "".join(f"ticket {i},L{i % 2}\n" for i in range(40)))
+    other = invoke("train", "classify", "--train", csv, "--out", run[0], "--no-progress")
+    assert other.exit_code == 2 and other.stderr == f"error: {run[0]} already holds a 'lm' run; choose another --out\n"
+    orphan = tmp_path / "orphan"
+    shutil.copytree(run[0], orphan)
+    (orphan / "config.json").unlink()
+    before = {p: p.read_bytes() for p in orphan.rglob("*") if p.is_file()}
+    again = invoke("train", "lm", "--text", text, "--out", orphan, *TINY)
+    assert again.exit_code == 2 and again.stderr == (
+        f"error: {orphan} holds checkpoint, loss.png, metrics.jsonl, model.safetensors, result.json, tokenizer.json, "
+        "by names a new run writes there (and no config.json to resume); choose another --out\n")
+    assert {p: p.read_bytes() for p in orphan.rglob("*") if p.is_file()} == before
+    # A user's own files by those names (a Hugging Face model's folder) were replaced, or deleted by a failed run.
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "tokenizer.json").write_text('{"my": "tokenizer"}')
+    (theirs / "notes.txt").write_text("mine")
+    failed = invoke("train", "lm", "--text", text, "--out", theirs, *TINY, "--lr", "1e30", "--grad-clip", "0")
+    assert failed.exit_code == 2 and failed.stderr.startswith(f"error: {theirs} holds tokenizer.json, by names")
+    assert (theirs / "tokenizer.json").read_text() == '{"my": "tokenizer"}'
+    (theirs / "tokenizer.json").unlink()  # a folder of other files takes a run beside them
+    assert invoke("train", "lm", "--text", text, "--out", theirs, *TINY).exit_code == 0
+    assert (theirs / "notes.txt").read_text() == "mine" and (theirs / "config.json").is_file()
+
+
 def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")

@@ -273,6 +273,20 @@ def test_a_checkpoint_whose_counters_are_of_other_kinds_is_named_damaged(tmp_pat
     with pytest.raises(AttnlabError, match=re.escape(f"damaged: trainer.json's {key} is {value!r}")):
         train(tmp_path / "run", steps=8, resume=True)
 
+@pytest.mark.parametrize("key", ["trainer", "elapsed"])
+def test_a_checkpoint_whose_counters_lack_an_entry_names_it(tmp_path, key):
+    """The bare KeyError text, "'trainer'", was the whole reason given."""
+    from attnlab.training.checkpoint import checkpoint_progress
+
+    train(tmp_path / "run", steps=4)
+    path = tmp_path / "run/checkpoint/trainer.json"
+    meta = json.loads(path.read_text())
+    meta.pop(key, None) if key == "trainer" else meta["trainer"].pop(key)
+    path.write_text(json.dumps(meta))
+    with pytest.raises(AttnlabError, match=re.escape(f"damaged: trainer.json has no '{key}' entry")):
+        checkpoint_progress(tmp_path / "run")
+
+
 def test_checkpoint_round_trip_restores_optimizer_and_rng(tmp_path):
     model = ToyTask().model()
     opt = torch.optim.AdamW(model.parameters())
@@ -403,7 +417,9 @@ def test_ema_decay_outside_zero_one_is_rejected_before_a_run_folder_is_made(tmp_
 
     with pytest.raises(AttnlabError, match="EMA decay"):
         TrainConfig(ema_decay=1.0).validate()
-    for bad, message in (({"grad_clip": -1.0}, "gradient clip"), ({"min_lr": 1.0, "lr": 0.1}, "final learning rate"),
+    for bad, message in (({"grad_clip": -1.0}, "gradient clip"),
+                         ({"min_lr": 1.0, "lr": 0.1}, r"final learning rate \(min_lr, --min-lr\) must be between 0 and "
+                                                      r"the peak \(lr, --lr\) 0.1, got 1.0"),
                          ({"max_seconds": -1.0}, "time budget"), ({"warmup_steps": -5}, "warmup")):
         with pytest.raises(AttnlabError, match=message):
             TrainConfig(**bad).validate()
@@ -432,6 +448,18 @@ def test_weights_of_another_shape_name_the_tensor_and_both_shapes(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file at all")
     with pytest.raises(AttnlabError, match="is not a readable safetensors file"):
         load_weights(wider, tmp_path / "junk.safetensors")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_holding_nan_or_infinity_are_refused_by_name(tmp_path, value):
+    save_weights(DecoderLM(20, 16, 1, 2, max_positions=8), tmp_path / "w.safetensors")
+    tensors = load_file(str(tmp_path / "w.safetensors"))
+    name = next(n for n in tensors if n.endswith("self_attn.in_proj.weight"))
+    tensors[name][0, 0] = value
+    save_file(tensors, str(tmp_path / "w.safetensors"))
+    with pytest.raises(AttnlabError, match=rf"w\.safetensors holds NaN or infinite values in {re.escape(name)}: "
+                                           "these weights are damaged$"):
+        load_weights(DecoderLM(20, 16, 1, 2, max_positions=8), tmp_path / "w.safetensors")
 
 
 def test_every_model_class_a_task_registers_is_listed_where_load_run_finds_it():

@@ -202,6 +202,22 @@ def test_attention_heatmap_for_one_sentence(toy):
     assert "costs $5 to $10" in drawn and "$x_1$" in drawn
 
 
+def test_a_long_sentences_heatmap_is_squeezed_into_a_bounded_figure(tmp_path):
+    """One piece 0.45 inch wide: 280 pieces made a 14,124 x 12,528-pixel image that took 5.9 GB to draw."""
+    import struct
+
+    from attnlab.cli.attention import MAX_FIGURE_INCHES, plot_heatmap
+
+    png = tmp_path / "long.png"
+    plot_heatmap([f"s{i}" for i in range(600)], [f"o{i}" for i in range(500)], torch.rand(500, 600), png, "long")
+    width, height = struct.unpack(">II", png.read_bytes()[16:24])  # the PNG header's size
+    assert max(width, height) <= MAX_FIGURE_INCHES * 120 and min(width, height) > 3000
+    short = tmp_path / "short.png"  # a short sentence keeps its readable size
+    plot_heatmap(["a", "b", "<eos>"], ["x", "<eos>"], torch.full((2, 3), 0.3), short, "short")
+    width, height = struct.unpack(">II", short.read_bytes()[16:24])
+    assert width < 600 and height < 600
+
+
 def test_attention_shows_the_weights_decoding_used_even_for_a_model_whose_plain_decode_leaks(toy):
     tr = load_translator(toy["run"])
     tr.model.__class__ = LeakyTransformer  # the same weights, no look-ahead mask in the uncached decode
@@ -707,6 +723,47 @@ def test_a_resume_from_a_damaged_checkpoint_is_one_error_and_changes_nothing(toy
     assert result.exit_code == 2 and result.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "is not a readable safetensors file" in result.stderr
     assert {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # config.json too
+
+
+@pytest.mark.parametrize("command", ["translate", "attention"])
+def test_a_sentence_whose_bytes_are_not_utf8_is_one_error_line(toy, tmp_path, command):
+    out = ["--out", tmp_path / "a.png"] if command == "attention" else []
+    result = CliRunner().invoke(cli, [str(a) for a in (command, toy["run"], "ka \udcff", *out)])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    name = "SENTENCE" if command == "attention" else "[SENTENCE]"  # (translate's is optional: --input instead)
+    assert result.stderr.startswith(f"error: Invalid value for '{name}': the text is not UTF-8 (see ")
+
+
+def test_tabs_and_extra_spaces_do_not_change_a_translation(toy, tmp_path):
+    """A tab read as <unk> glued the words together, a trailing space made a piece of its own."""
+    messy = tmp_path / "messy.xx"
+    messy.write_text("ka\tlo\tmi\nka lo mi \n  ka  lo mi\n", encoding="utf-8")
+    result = run_cli("translate", toy["run"], "--input", messy, "--beam", "1", "--no-progress")
+    assert result.stdout == "red blue green\n" * 3
+
+
+@pytest.mark.parametrize("beam", ["1", "4"])
+def test_weights_holding_nan_are_one_error_line_not_a_translation(toy, tmp_path, beam):
+    """Greedy decoding picked the padding id out of NaN scores and blamed the padding; beam search printed a word
+    with exit status 0."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "nan"
+    shutil.copytree(toy["run"], run, ignore=shutil.ignore_patterns("checkpoint"))
+    path = str(run / "model.safetensors")
+    with safe_open(path, "pt") as f:
+        metadata = f.metadata()
+    tensors = load_file(path)
+    name = next(n for n in tensors if "cross_attn" in n and n.endswith("weight"))
+    tensors[name][:] = float("nan")
+    save_file(tensors, path, metadata=metadata)
+    result = CliRunner().invoke(cli, ["translate", str(run), "ka lo mi", "--beam", beam])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == f"error: {path} holds NaN or infinite values in {name}: these weights are damaged\n"
 
 
 def test_check_reads_a_translation_runs_contract(toy):

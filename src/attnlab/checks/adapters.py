@@ -71,8 +71,9 @@ def _pad_id(name: str, value: Any) -> int | None:
     """``value`` as a pad id (a whole number, or None); anything else is one clear line, not a later torch error."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise AttnlabError(f"{name} must be a whole number or None, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        # (a negative id is no token: the advice the checks gave, "--vocab-size above -1", could not be followed)
+        raise AttnlabError(f"{name} must be a token id (a whole number >= 0) or None, got {value!r}")
     return int(value)
 
 
@@ -147,21 +148,30 @@ class HFSeq2SeqAdapter(nn.Module):
 
 
 class PadIdWarning(UserWarning):
-    """An adapter hides one pad id while the checks pad with another."""
+    """An adapter (or one of attnlab's models) hides one pad id while the checks pad with another."""
 
 
-def adapter_pad_id(model: Any) -> int | None:
-    """The pad id ``model`` hides when it is one of these adapters; None for an adapter that passes no mask, and
-    for any other model."""
-    return model.pad_id if isinstance(model, HFAdapter | HFSeq2SeqAdapter) else None
+def hidden_pad_id(model: Any) -> int | None:
+    """The pad id ``model`` hides when it is one of these adapters or one of attnlab's models (their ``pad_id``);
+    None for one that hides none (a decoder built without ``pad_id``), and for any other model, whose pad id only
+    the user knows (``--pad-id``)."""
+    from attnlab.nn.models import DecoderLM, EncoderClassifier, Transformer
+
+    owns = isinstance(model, HFAdapter | HFSeq2SeqAdapter | DecoderLM | EncoderClassifier | Transformer)
+    return model.pad_id if owns else None
+
+
+def pad_id_holder(model: Any) -> str:
+    """Who says which pad id is hidden, for messages: "the adapter", or "the model" (one of attnlab's)."""
+    return "the adapter" if isinstance(model, HFAdapter | HFSeq2SeqAdapter) else "the model"
 
 
 def warn_other_pad_id(model: Any, pad_id: int | None) -> None:
     """Warn when ``model`` is an adapter that hides a pad id other than ``pad_id``, the one the checks pad with:
     its padding checks would then judge a model that is never told where that padding is. (An adapter with no
     pad id, or checks without padding, is no mismatch: a forgotten mask is what the padding checks catch.)"""
-    hidden = adapter_pad_id(model)
+    hidden = hidden_pad_id(model)
     if hidden is not None and pad_id is not None and hidden != pad_id:
-        warnings.warn(f"the adapter hides pad id {hidden} but the checks pad with {pad_id} (the contract's pad_id, "
+        warnings.warn(f"{pad_id_holder(model)} hides pad id {hidden} but the checks pad with {pad_id} (the contract's pad_id, "
                       "--pad-id): the padding checks judge a model that is not told where that padding is",
                       PadIdWarning, stacklevel=3)

@@ -107,6 +107,8 @@ class ModelUnderTest:
         self._per_position: bool | None = None
         #: The output shapes the layout was decided from, for a report that needs them.
         self.layout_shapes: list[tuple[int, ...]] = []
+        #: The dtype of the latest output (a half-precision one rounds past the comparing checks' tolerance).
+        self.output_dtype: torch.dtype | None = None
 
     @contextmanager
     def with_random_seed(self, seed: int) -> Iterator[None]:
@@ -166,6 +168,7 @@ class ModelUnderTest:
                               "and imaginary parts side by side (torch.view_as_real)")
         if out.numel() == 0:  # every comparison of nothing would pass
             raise OutputError(f"the output has shape {tuple(out.shape)}: it holds no values to compare")
+        self.output_dtype = out.dtype
         return out.detach().cpu()
 
     @contextmanager
@@ -205,16 +208,29 @@ class ModelUnderTest:
         """Whether outputs are per (target) position, (batch, seq, ...), rather than pooled, (batch, ...).
 
         Decided by calling the model on two lengths: per-position outputs follow the length. A pooled
-        output whose size happens to equal one length cannot follow both.
+        output whose size happens to equal one length cannot follow both. A seq2seq model gets a source of the
+        other length each time (3 then 2 against a target of 2 then 3): an output that follows the source is an
+        :class:`OutputError` (the arguments taken as (tgt, src), or no seq2seq model at all), where equal lengths
+        had it checked as per-position and failed with messages that contradicted each other.
         """
         if self._per_position is None:
             # The probe's inputs are the same whatever the seed: an exception here is reported without one.
-            follows, self.layout_shapes, seed, self.seed = [], [], self.seed, None
+            follows, sources, self.layout_shapes, seed, self.seed = [], [], [], self.seed, None
+            token = 1 if self.contract.pad_id != 1 else 2
             for length in (2, 3):
-                ids = torch.full((2, length), 1 if self.contract.pad_id != 1 else 2, dtype=torch.long)
-                out = self(ids, ids) if self.contract.kind == "seq2seq" else self(ids)
+                ids = torch.full((2, length), token, dtype=torch.long)
+                if self.contract.kind == "seq2seq":
+                    out = self(torch.full((2, 5 - length), token, dtype=torch.long), ids)
+                    sources.append(out.dim() >= 2 and out.shape[1] == 5 - length)
+                else:
+                    out = self(ids)
                 self.layout_shapes.append(tuple(out.shape))
                 follows.append(out.dim() >= 2 and out.shape[1] == length)
+            if sources and all(sources):
+                raise OutputError(f"the output follows the source's length, not the target's (shapes "
+                                  f"{', '.join(map(str, self.layout_shapes))} for sources of 3 and 2 positions, "
+                                  "targets of 2 and 3): a seq2seq model is called model(src, tgt); does it take "
+                                  "them in another order, or is it a seq2seq model at all (--kind)?")
             self._per_position, self.seed = all(follows), seed
         return self._per_position
 

@@ -25,6 +25,10 @@ Inputs per seed, each row changed at every position after its cut and compared o
   repeatable from torch's seed (it draws from another generator): checked once beforehand, and again before
   any train-mode difference is called a leak.
 
+The outputs after each cut, which see the changed tokens, must move beyond the tolerance somewhere: a model
+whose outputs hardly react to any token (weights near zero: a bidirectional model with 0.002 initialisation
+moved by 3e-6 at most) would pass without the check having seen anything; that is a note, not a pass.
+
 A decoder whose outputs do not follow the input's length (one per sequence, or a fixed number of
 positions) leaves nothing to compare position by position: that fails, since it cannot be checked, rather than
 passing unseen. A comparison with a non-finite output decides nothing and is left out; with none left the
@@ -34,11 +38,12 @@ check skips (see finite-outputs).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from attnlab.checks.calling import ModelUnderTest, mode
-from attnlab.checks.compare import TOLERANCE, Tally
+from attnlab.checks.compare import TOLERANCE, Difference, Tally
 from attnlab.checks.inputs import SHORT, generator, other_tokens, randint, random_source, random_tokens, short_width
 from attnlab.checks.result import CheckResult, shown
 
@@ -53,10 +58,28 @@ class _Unrepeatable(Exception):
     """Train mode gave one input two outputs under one seed: its randomness does not all come from torch."""
 
 
+@dataclass
+class _Reaction:
+    """Whether the outputs after a cut, which see the changed tokens, ever moved beyond their bound, and the
+    largest such move (with its bound) when none did."""
+
+    moved: bool = False
+    largest: float = 0.0
+    bound: float = 0.0
+
+    def record(self, diff: Difference) -> None:
+        if diff.finite and not self.moved:
+            self.moved = not diff.same
+            if diff.max_diff >= self.largest:
+                self.largest, self.bound = diff.max_diff, diff.bound
+
+
 def _cut_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int, width: int, cuts: list[int],
-               tally: Tally, where: str = "", *, padded: bool = False) -> CheckResult | None:
+               tally: Tally, where: str = "", *, padded: bool = False,
+               reaction: _Reaction | None = None) -> CheckResult | None:
     """Rows of ``width``, row ``i`` changed after position ``cuts[i]``; a failure, or None. ``padded``: row ``i``
-    holds real tokens up to position ``cuts[i] + 1`` and the pad id after it.
+    holds real tokens up to position ``cuts[i] + 1`` and the pad id after it. ``reaction`` records how the
+    outputs after the cuts moved.
 
     In train mode (``where`` set) a difference is first checked against the model's own noise: both inputs are
     run twice more, and if either does not repeat its output, :class:`_Unrepeatable` is raised instead.
@@ -71,6 +94,8 @@ def _cut_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int, 
     src = random_source(gen, contract, len(cuts))
     before, after = mut.outputs(ids, src), mut.outputs(changed, src)
     for i, r in enumerate(cuts):
+        if reaction is not None:
+            reaction.record(mut.compare(before[i, r + 1:], after[i, r + 1:]))
         diff = mut.compare(before[i, : r + 1], after[i, : r + 1])
         if not tally.judge(diff) or diff.same:
             continue
@@ -124,20 +149,22 @@ def check_causal(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
                            f"outputs of shape {shapes}), so no position can be compared with the tokens before it: "
                            "a causal model must return one output per input position, (batch, seq, ...)", tol, 0,
                            {"output_shapes": mut.layout_shapes})
-    tally, longest = Tally(), contract.max_length
+    tally, longest, reaction = Tally(), contract.max_length, _Reaction()
     train_mode: bool | None = None  # decided with the first seed: whether train-mode calls can be compared
     untrained = ""  # why train mode was left out, for the summary
     for done, seed in enumerate(seeds, 1):
         mut.seed, gen = seed, generator(NAME, seed)
         width = randint(gen, 2, short_width(contract))
-        failed = _cut_trial(mut, gen, seed, done, width, list(range(width - 1)), tally)  # every cut of a short row
+        failed = _cut_trial(mut, gen, seed, done, width, list(range(width - 1)), tally,  # every cut of a short row
+                            reaction=reaction)
         if failed is None:
-            failed = _cut_trial(mut, gen, seed, done, width, [randint(gen, 0, width - 2)], tally)
+            failed = _cut_trial(mut, gen, seed, done, width, [randint(gen, 0, width - 2)], tally, reaction=reaction)
         if failed is None and contract.pad_id is not None:  # on a stream of its own: the other trials draw as before
             failed = _cut_trial(mut, generator(NAME + " padded", seed), seed, done, width, list(range(width - 1)),
                                 tally, padded=True)
         if failed is None and longest > short_width(contract):
-            failed = _cut_trial(mut, gen, seed, done, longest, _long_cuts(gen, longest, done == 1), tally)
+            failed = _cut_trial(mut, gen, seed, done, longest, _long_cuts(gen, longest, done == 1), tally,
+                                reaction=reaction)
         if failed is None and longest > short_width(contract) + 1:  # (a stream of its own, as the padded rows')
             between = generator(NAME + " between", seed)
             width_between = randint(between, short_width(contract) + 1, longest - 1)
@@ -158,4 +185,11 @@ def check_causal(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
                         train_mode, untrained = False, " (eval mode only: train mode is not repeatable from torch's seed)"
         if failed is not None:
             return failed
-    return tally.verdict(NAME, tol, len(seeds), "no output moved when later tokens changed" + untrained)
+    verdict = tally.verdict(NAME, tol, len(seeds), "no output moved when later tokens changed" + untrained)
+    if verdict.status == "pass" and not reaction.moved:
+        return CheckResult(NAME, "note", f"inconclusive: the outputs hardly react to any token (after the changed "
+                           f"tokens too: by up to {reaction.largest:.2g}, within the bound {reaction.bound:.2g}), so a "
+                           "leak of the future would not show either; are the weights near zero (a fresh "
+                           "initialisation)?", tol, len(seeds), {"max_diff": tally.worst,
+                                                                 "largest_reaction": reaction.largest})
+    return verdict

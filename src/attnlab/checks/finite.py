@@ -7,7 +7,8 @@ allowed length; the third is one row alone (a batch of one). Every output value 
 positions included, because a NaN there still poisons a loss that is masked by multiplication. Catches a padding mask turned the wrong way (seed 004:
 the real words are hidden, so a full-length row has nothing left to attend to and ``softmax`` of all
 ``-inf`` is 0/0) and look-ahead masks that hide a whole query row. No tolerance: a value is finite or
-it is not.
+it is not, but for a feature that is ``-inf`` at every position of every row: a logit masked by design (a
+decoder that never predicts the padding id), said in the summary.
 """
 
 from __future__ import annotations
@@ -73,10 +74,24 @@ def _nan_on_real_tokens(out: Tensor, ids: Tensor, pad_id: int | None, per_positi
     return bool((nan.reshape(nan.shape[0], -1).any(-1) & real.any(1)).any())
 
 
+def _masked_features(out: Tensor, bad: Tensor, per_position: bool) -> list[int]:
+    """The last-axis features of ``out`` that are ``-inf`` everywhere, when they are all its non-finite values
+    (a masked logit, never predicted); [] otherwise, and for an output without a feature axis (whose last axis
+    is its positions or its rows)."""
+    if out.dim() < (3 if per_position else 2):
+        return []
+    flat = out.float().reshape(-1, out.shape[-1])
+    masked = (flat == -torch.inf).all(0)  # (features,)
+    if not masked.any() or bad.reshape(-1, out.shape[-1])[:, ~masked].any():
+        return []
+    return [int(i) for i in torch.nonzero(masked)[:, 0]]
+
+
 def check_finite_outputs(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
     """Run the finite outputs check over ``seeds``; see the module docstring."""
-    tol = "every value finite"
+    tol = "every value finite (a feature -inf everywhere, a masked logit, apart)"
     seen: list[str] = []
+    masked: set[int] = set()
     for done, seed in enumerate(seeds, 1):
         mut.seed, gen = seed, generator(NAME, seed)
         for what, ids, src, names in _cases(gen, mut.contract):
@@ -84,6 +99,10 @@ def check_finite_outputs(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
             seen += [] if what in seen else [what]
             bad = ~torch.isfinite(out.float())
             if not bad.any():
+                continue
+            features = _masked_features(out, bad, mut.per_position)
+            if features:  # (the same -inf at every position of every row is a choice, not arithmetic gone wrong)
+                masked.update(features)
                 continue
             if mut.per_position:  # (batch, seq, ...) -> which (row, position) pairs
                 where = [list(map(int, p)) for p in torch.nonzero(bad.reshape(*bad.shape[:2], -1).any(-1))]
@@ -105,4 +124,6 @@ def check_finite_outputs(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
                             "the opposite polarity hiding the real tokens? (torch's key_padding_mask is True = "
                             "ignore, a Hugging Face attention_mask 1 = keep)")
             return CheckResult(NAME, "fail", summary, tol, done, evidence)
-    return CheckResult(NAME, "pass", f"all finite: {'; '.join(seen)}", tol, len(seeds))
+    apart = (f"; feature{'s' if len(masked) > 1 else ''} {shown(sorted(masked))} -inf everywhere, a masked logit"
+             if masked else "")
+    return CheckResult(NAME, "pass", f"all finite: {'; '.join(seen)}{apart}", tol, len(seeds))

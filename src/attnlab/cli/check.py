@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from attnlab.checks.adapters import adapter_pad_id
+from attnlab.checks.adapters import hidden_pad_id, pad_id_holder
 from attnlab.checks.contract import KINDS, MAX_VOCAB_SIZE, MIN_MAX_LENGTH, MIN_VOCAB_SIZE, Contract
 from attnlab.checks.loading import load_model
 from attnlab.checks.runner import run_checks
@@ -150,15 +150,16 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
         warnings.simplefilter("always")
         with contextlib.redirect_stdout(sys.stderr):  # the model's own prints must not mix into the report
             model = load_run(run)[0] if run is not None else load_model(spec)
-            hidden = adapter_pad_id(model)
+            hidden = hidden_pad_id(model)
             if hidden is not None and hidden != contract.pad_id:
-                # The adapter says which id the model is told to hide: padding with another would fail the
+                # The adapter (or one of attnlab's models, by its pad_id) says which id the model is told to
+                # hide: padding with another would fail the
                 # padding checks for a model that is only never told where its padding is. An explicit other
                 # --pad-id is kept (the checks warn that the two differ); an adapter that hides nothing is checked
                 # with padding all the same, since a forgotten mask is what the padding checks catch.
                 if not pad_given:
                     if not 0 <= hidden < vocab_size:
-                        raise AttnlabError(f"the adapter's pad id {hidden} is outside the vocabulary 0..{vocab_size - 1} "
+                        raise AttnlabError(f"{pad_id_holder(model)}'s pad id {hidden} is outside the vocabulary 0..{vocab_size - 1} "
                                            f"the checks draw ids from: give --vocab-size above {hidden}, or --pad-id")
                     contract = replace(contract, pad_id=hidden)
             report = run_checks(model, contract, seeds=seeds, spec=spec)

@@ -50,7 +50,7 @@ def leak(text: Path, out: Path, steps: int | None, sample_tokens: int, progress:
 
     def banner(_data: object) -> None:  # only once every check has passed
         console.print(f"training two models ({settings.layers} layers, width {settings.width}, context "
-                      f"{settings.context}, {settings.steps} steps each, same seed and batches) on {text} ...", soft_wrap=True)
+                      f"{settings.context}, {settings.steps} step{'s' if settings.steps != 1 else ''} each, same seed and batches) on {text} ...", soft_wrap=True)
 
     result = run_leak_experiment(text, out, settings, sample_tokens=sample_tokens, progress=progress,
                                  on_start=banner)

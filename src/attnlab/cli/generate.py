@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED, omp_wait  # noqa: F401  (omp_wait: before torch is imported)
-from attnlab.cli.params import FiniteFloat, PathParam, Threads
+from attnlab.cli.params import FiniteFloat, PathParam, Threads, Utf8Text
 from attnlab.data.tokenizers import UNK_ID, CharTokenizer, Tokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.nn.models import DecoderLM
@@ -22,7 +22,7 @@ from attnlab.training.engine import torch_threads
 
 @click.command("generate")
 @click.argument("run", type=PathParam(path_type=Path))
-@click.option("--prompt", required=True, help="Text to continue (at least one token; characters the model knows).")
+@click.option("--prompt", required=True, type=Utf8Text(), help="Text to continue (at least one token; characters the model knows).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=200, show_default=True, help="Tokens to generate (>= 1).")
 @click.option("--temperature", type=FiniteFloat(min=0, min_open=True), default=1.0, show_default=True, help="Divides the logits (> 0; --greedy takes the arg-max).")
 @click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample among the K most likely tokens only.")
@@ -33,7 +33,9 @@ from attnlab.training.engine import torch_threads
 @click.option("--stop", "stops", multiple=True, metavar="TEXT",
               help="Stop a sample once its generated text contains TEXT (printed with it; may be repeated).")
 @click.option("--greedy", is_flag=True, help="Always take the most likely token (ignores temperature, top-k, top-p).")
-@click.option("--no-cache", is_flag=True, help="Recompute the whole window every step instead of using the KV cache.")
+@click.option("--no-cache", is_flag=True, help="Recompute the whole window every step instead of using the KV cache (the same greedy "
+              "text within the context; past it this window slides one token a step, the cache's half a context at a "
+              "time, so the texts may differ there).")
 @click.option("--threads", type=Threads(), default=1, show_default=True,
               help="torch threads (0: one per core). A cached step computes one position, too little to share: "
                    "one thread was 10-15% faster than two on 2 cores.")

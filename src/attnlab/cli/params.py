@@ -54,12 +54,38 @@ def own_cpus() -> set[int]:
         return set(range(os.cpu_count() or 1))
 
 
+def utf8_text(text: str) -> str:
+    """A command-line text read as the UTF-8 its bytes are, whatever the locale decoded them as (under
+    ``LC_ALL=C`` 'café' came as surrogates); UnicodeError when the bytes are not UTF-8."""
+    return os.fsencode(text).decode("utf-8")
+
+
+class Utf8Text(click.ParamType):
+    """A text argument or option (a prompt, a sentence), refused in one line when its bytes are not UTF-8: the
+    tokenizers raised a TypeError on the surrogates Python reads such bytes as, or named a character '\\udcff'."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return utf8_text(value)
+        except UnicodeError:
+            self.fail("the text is not UTF-8", param, ctx)
+
+
+#: The most torch threads an option takes: more CPUs than the largest machines have. Past it torch's own
+#: conversion overflowed with a traceback (2**31), and OpenMP failed to start its threads (30,000) or crashed
+#: the process (40,000 and up, a segmentation fault) instead of an error line.
+MAX_THREADS = 4096
+
+
 class Threads(click.IntRange):
-    """A torch thread count, 0 for torch's own choice; more threads than the CPUs the process may use is taken,
-    with a note: the extra threads only wait for each other (1,000 on 2 cores made a run 17 times slower)."""
+    """A torch thread count, 0 for torch's own choice, at most :data:`MAX_THREADS`; more threads than the CPUs
+    the process may use is taken, with a note: the extra threads only wait for each other (1,000 on 2 cores
+    made a run 17 times slower)."""
 
     def __init__(self) -> None:
-        super().__init__(min=0)
+        super().__init__(min=0, max=MAX_THREADS)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         number = super().convert(value, param, ctx)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import click
 import torch
 
-from attnlab.cli.params import PathParam
+from attnlab.cli.params import PathParam, utf8_text
 from attnlab.errors import AttnlabError
 from attnlab.files import read_lines
 from attnlab.tasks.classify import load_classifier
@@ -31,7 +30,7 @@ def predict(run: Path, texts: tuple[str, ...], top: int, as_json: bool) -> None:
     arguments = []
     for number, text in enumerate(texts, 1):  # read as stdin's bytes are, whatever the locale decoded them as
         try:
-            arguments.append(os.fsencode(text).decode("utf-8"))
+            arguments.append(utf8_text(text))
         except UnicodeError:
             raise AttnlabError(f"text {number} of {len(texts)} is not UTF-8 text") from None
     items = arguments if texts else read_lines("-")

@@ -28,8 +28,9 @@ def describe_report(report: LMReport, out: Path) -> list[str]:
         f"{report.model_flops / 1e9:.1f} GFLOP/s; peak = {report.peak_basis or 'not measured'}",
         f"run folder: {out} (model.safetensors, config.json, tokenizer.json, metrics.jsonl, loss.png, result.json)",
         f"{report.steady_tokens_per_second:,.0f} tokens/s | {peak} | wall time {report.wall_seconds:.1f} s"
-        f"{' of this resume' if report.resumed else ''} ({_steps(report)}) | final val loss {report.val_loss:.4f} nats/token ({settings['final_eval_iters']} "
-        f"batches of {settings['eval_batch_size']}x{settings['context']})",
+        f"{' of this resume' if report.resumed else ''} ({_steps(report)}) | final val loss {report.val_loss:.4f} nats/token "
+        f"({settings['final_eval_iters']} batch{'es' if settings['final_eval_iters'] != 1 else ''} of "
+        f"{settings['eval_batch_size']}x{settings['context']})",
     ]
 
 

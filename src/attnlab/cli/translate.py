@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from attnlab.cli.params import FiniteFloat, PathParam, Threads, progress_option
+from attnlab.cli.params import FiniteFloat, PathParam, Threads, Utf8Text, progress_option
 from attnlab.errors import AttnlabError
 
 
@@ -75,7 +75,7 @@ def translate_with_progress(translator: Any, lines: list[str], settings: Any, pr
 
 @click.command(name="translate")
 @click.argument("run", type=PathParam(path_type=Path))
-@click.argument("sentence", required=False)
+@click.argument("sentence", required=False, type=Utf8Text())
 @click.option("--input", "input_path", type=PathParam(path_type=Path), default=None,
               help="Translate this file, one sentence a line (.gz allowed; - reads standard input).")
 @click.option("--output", "output_path", type=PathParam(path_type=Path, readable=False), default=None,

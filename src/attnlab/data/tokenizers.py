@@ -135,8 +135,9 @@ class CharTokenizer:
 class BPETokenizer:
     """Byte-pair-encoding subwords from Hugging Face ``tokenizers``.
 
-    Text is split on whitespace with the SentencePiece-style ``Metaspace`` marker, so decoding puts the
-    spaces back exactly (what sacreBLEU's detokenized scoring needs). Cased; NFKC-normalised.
+    Text is split on spaces with the SentencePiece-style ``Metaspace`` marker, so decoding puts the
+    spaces back exactly (what sacreBLEU's detokenized scoring needs). Cased; NFKC-normalised; trained for
+    sentences, runs of whitespace read as one space (see :meth:`train`).
     """
 
     kind = "bpe"
@@ -147,11 +148,21 @@ class BPETokenizer:
         self.hf = _literal_specials(tokenizer)
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2) -> BPETokenizer:
-        from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    def train(cls, texts: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2, *,
+              collapse_whitespace: bool = True) -> BPETokenizer:
+        """Learn the merges from ``texts``.
+
+        ``collapse_whitespace``: a tab, a line break, a double or a Unicode space reads as one space, and spaces at
+        the ends go, as SentencePiece does: otherwise a tab became ``<unk>`` and a trailing space a piece of its
+        own, so an invisible difference changed a translation. Off for running text whose line breaks are content
+        (the language model). Saved with the tokenizer, so a run reads its texts the way it was trained.
+        """
+        from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
         tok = Tokenizer(models.BPE(unk_token=UNK))
-        tok.normalizer = normalizers.NFKC()
+        tok.normalizer = normalizers.Sequence(
+            [normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Strip()]
+        ) if collapse_whitespace else normalizers.NFKC()
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()
         trainer = trainers.BpeTrainer(

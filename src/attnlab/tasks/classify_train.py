@@ -25,7 +25,7 @@ from torch import nn
 
 from attnlab.data import UNK_ID, BPETokenizer, WordTokenizer, load_tokenizer, word_tokens
 from attnlab.errors import AttnlabError
-from attnlab.files import ensure_writable_dir, fingerprint, refuse_changed, refuse_non_folder, write_json_atomic
+from attnlab.files import ensure_writable_dir, fingerprint, refuse_changed, write_json_atomic
 from attnlab.nn.models import EncoderClassifier
 from attnlab.tasks.classify import TASK_NAME, ClassifyTask, encode_texts
 from attnlab.tasks.classify_features import (
@@ -50,6 +50,7 @@ from attnlab.training.checkpoint import (
     load_weights,
     model_config,
     read_run_config,
+    refuse_bad_run_path,
     refuse_ended,
     refuse_existing_run,
     refuse_input_in_run,
@@ -554,7 +555,7 @@ def train_classifier(
     """
     started = time.perf_counter()
     out = Path(out)
-    refuse_non_folder(out, "--out")
+    refuse_bad_run_path(out)
     refuse_input_in_run(train_path, "--train", run=out)
     refuse_input_in_run(valid_path, "--valid", run=out)
     main = is_main_process()
@@ -565,7 +566,7 @@ def train_classifier(
     if resume:
         saved, settings, length = _resumed_settings(out, train_path, valid_path, requested, note)
     else:  # every process checks, before the barrier below lets rank 0 write
-        refuse_existing_run(out)
+        refuse_existing_run(out, TASK_NAME)
     settings.check(new_run=saved is None)
     if saved is None:
         for line in unused_options(settings, requested, valid_path is not None):
@@ -604,16 +605,21 @@ def train_classifier(
                             [index[data.valid.labels[i]] for i in valid_rows] if data.valid.labels else [],
                             batch_size=settings.batch_size, seed=settings.seed,
                             label_smoothing=settings.label_smoothing,
-                            each_head=getattr(model, "num_heads_out", 1) > 1)
+                            each_head=getattr(model, "num_heads_out", 1) > 1,
+                            unpredictable=len(data.valid) - len(valid_rows) if data.valid.labels else 0)
         per_epoch = task.batches_per_epoch()
         settings, planned = _planned_steps(out, model, task, settings, saved=saved, length=length, resume=resume,
                                            note=note)
         config = settings.train_config(planned, per_epoch, progress and main)
+        if saved is None and config.warmup_steps >= planned:  # (train lm says the same of its --warmup)
+            never = "" if config.warmup_steps == planned else f", never reaching its peak {settings.lr:g}"
+            note(f"--warmup-epochs {settings.warmup_epochs:g} is {config.warmup_steps} steps, not fewer than the run's "
+                 f"{planned}: the learning rate warms up for the whole run (no cosine decay{never})")
         place = distributed.checked_by_all(config.device)
         existed = Path(out).exists()
         if saved is None and main:
             ensure_writable_dir(out)
-        refuse_run_taken_meanwhile(out, place, new_run=saved is None)  # again, now that the folder is locked
+        refuse_run_taken_meanwhile(out, TASK_NAME, place, new_run=saved is None)  # again, now that the folder is locked
         if saved is None and main:
             tokenizer.save(out / TOKENIZER)
             write_run_config(out, _new_run_config(model, tokenizer, trained, data, settings, config, train_path,
@@ -631,8 +637,8 @@ def train_classifier(
                                  task_files=[TOKENIZER], on_resumed=record if saved is not None else None)
         load_weights(model, out / WEIGHTS)
         best = result.best
-        total = len(data.valid)  # rows with unseen labels count as wrong: they cannot be predicted
-        correct = round(best.get("accuracy", math.nan) * len(valid_rows)) if best else 0
+        total = len(data.valid)  # rows with unseen labels count as wrong (the task's accuracy): they cannot be predicted
+        correct = round(best.get("accuracy", math.nan) * total) if best else 0
         stopped_by = "patience" if result.stopped_early else "steps" if result.steps >= planned else "time"
         report = ClassifyReport(
             accuracy=correct / total if total else math.nan, correct=correct, total=total,

@@ -34,7 +34,6 @@ from attnlab.files import (
     atomic_path,
     ensure_writable_dir,
     holding_run_folder,
-    refuse_non_folder,
     write_json_atomic,
     write_text_atomic,
 )
@@ -42,7 +41,7 @@ from attnlab.nn.models import DecoderLM
 from attnlab.tasks.lm import LMData, load_lm_data, random_windows, seeded_generator
 from attnlab.tasks.lm_train import LMSettings, train_language_model
 from attnlab.tasks.sampling import generate
-from attnlab.training.checkpoint import METRICS_FILE, load_run, read_metrics, register_model
+from attnlab.training.checkpoint import METRICS_FILE, load_run, read_metrics, refuse_bad_run_path, register_model
 
 #: The short budget both models get (seconds each on two CPU cores). Rotary positions make "attend to the
 #: next position" the same pattern at every position, so the unmasked model finds the copy within this budget
@@ -225,7 +224,7 @@ def check_leak_experiment(text: str | Path, out: str | Path, settings: LMSetting
         raise AttnlabError(f"--sample-tokens must be at least 1, got {sample_tokens}")
     settings.train_config().validate()
     out = Path(out)
-    refuse_non_folder(out, "--out")
+    refuse_bad_run_path(out)
     _refuse_earlier_experiment(out)
     data = load_lm_data(text, tokenizer=settings.tokenizer, val_fraction=settings.val_fraction,
                         bpe_vocab_size=settings.bpe_vocab_size)

@@ -92,7 +92,8 @@ def load_lm_data(path: str | Path, *, tokenizer: str = "char", val_fraction: flo
     elif tokenizer == "char":
         tok = CharTokenizer.train(text)
     elif tokenizer == "bpe":
-        tok = BPETokenizer.train(_space_cut_chunks(train_text), vocab_size=bpe_vocab_size)
+        # (line breaks and indentation are the text's own: a language model learns to write them)
+        tok = BPETokenizer.train(_space_cut_chunks(train_text), vocab_size=bpe_vocab_size, collapse_whitespace=False)
     else:
         raise AttnlabError(f"unknown tokenizer {tokenizer!r}; use char or bpe")
     train = torch.tensor(tok.encode(train_text), dtype=torch.long)

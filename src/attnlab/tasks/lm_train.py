@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from attnlab.errors import AttnlabError
-from attnlab.files import ensure_writable_dir, fingerprint, refuse_changed, refuse_non_folder, write_json_atomic
+from attnlab.files import ensure_writable_dir, fingerprint, refuse_changed, write_json_atomic
 from attnlab.nn.models import DecoderLM
 from attnlab.tasks.lm import (
     TASK_NAME,
@@ -53,6 +53,7 @@ from attnlab.training.checkpoint import (
     model_config,
     read_metrics,
     read_run_config,
+    refuse_bad_run_path,
     refuse_ended,
     refuse_existing_run,
     refuse_input_in_run,
@@ -351,14 +352,14 @@ def train_language_model(
         the model holding the kept (best) weights, in eval mode, and the report.
     """
     started = time.perf_counter()
-    refuse_non_folder(out, "--out")
+    refuse_bad_run_path(out)
     refuse_input_in_run(None if data is not None else text, "--text", run=out)
     run_config: dict[str, Any] | None = None
     if resume:  # the saved settings win: a resumed run must repeat the steps of the one it continues
         run_config, settings, resume = _resumed_settings(out, None if data is not None else text, requested or {},
                                                          task_name, preset_asks or {})
     else:  # every process checks, before the barrier below lets rank 0 write
-        refuse_existing_run(out)
+        refuse_existing_run(out, task_name)
     if settings.bf16 is None:  # (a preset's "where it is fast"; a resumed run has its saved True or False)
         settings = replace(settings, bf16=has_fast_bf16(distributed.choose_device()))
     config = settings.train_config(progress)
@@ -399,7 +400,7 @@ def train_language_model(
         place = distributed.checked_by_all(config.device)
         # only now: a setting the model or the data refuse leaves no folder behind
         out = ensure_writable_dir(out) if main else Path(out)
-        refuse_run_taken_meanwhile(out, place, new_run=run_config is None)  # again, now that the folder is locked
+        refuse_run_taken_meanwhile(out, task_name, place, new_run=run_config is None)  # again, now that the folder is locked
         if main and saved_tokenizer is None:
             data.tokenizer.save(out / TOKENIZER)
         run_config = _run_config(task_name, model, text, data, settings, config, selection=selection,

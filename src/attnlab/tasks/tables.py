@@ -210,7 +210,7 @@ def read_table(
         raise AttnlabError(f"{path}: {len(empty)} row(s) have an empty {text_column!r} (first: {_row_name(path, empty[0])})")
     labels = None
     if label_col is not None:
-        labels = [_cell(r.get(label_col)).strip() for r in rows]
+        labels = [_label(r.get(label_col)) for r in rows]
         missing = [i for i, lab in enumerate(labels) if not lab]
         if missing:
             raise AttnlabError(f"{path}: {len(missing)} row(s) have no {label_col!r} label "
@@ -231,6 +231,14 @@ def _cell(value: object) -> str:
     if value is None:
         return ""
     return value if isinstance(value, str) else json.dumps(value)
+
+
+def _label(value: object) -> str:
+    """A label cell as text (see :func:`_cell`), a JSON number written one way: 1 and 1.0 are the same number, and
+    were two classes."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return _cell(value).strip()
 
 
 def _row_name(path: Path, index: int) -> str:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from attnlab.data import PAD_ID, BPETokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
-from attnlab.files import ensure_writable_dir, refuse_changed, refuse_non_folder, write_json_atomic
+from attnlab.files import ensure_writable_dir, refuse_changed, write_json_atomic
 from attnlab.nn import Transformer, padding_mask
 from attnlab.nn.attention import KVCache
 from attnlab.tasks.decoding import DecodeSettings, translate_ids
@@ -56,6 +56,7 @@ from attnlab.training.checkpoint import (
     ignored_on_resume,
     model_config,
     read_run_config,
+    refuse_bad_run_path,
     refuse_ended,
     refuse_existing_run,
     refuse_restart_over_a_report,
@@ -394,7 +395,7 @@ def train_translation(
     if not main:  # under torchrun rank 0 reports; the others would repeat it
         log = _silent
     existed = out.exists()  # a run that fails before its first checkpoint removes the folder only if it made it
-    refuse_non_folder(out, "--out")
+    refuse_bad_run_path(out)
     if resume:
         run_cfg = read_run_config(out, TASK)
         refuse_restart_over_a_report(out)  # (before anything is read or said)
@@ -410,7 +411,7 @@ def train_translation(
         sizes = (saved_model.get("src_vocab_size"), saved_model.get("tgt_vocab_size"))
         src_tok, tgt_tok = load_tokenizers(out, settings, None if None in sizes else sizes)
     else:
-        refuse_existing_run(out)  # every process checks, before the barrier below lets rank 0 write
+        refuse_existing_run(out, TASK)  # every process checks, before the barrier below lets rank 0 write
         model_kwargs = {**RECIPE_MODEL, **(model_kwargs or {})}
         if share_embeddings and not settings.joint_vocab:
             raise AttnlabError("shared embeddings need the joint vocabulary (--joint-vocab) or --no-share-embeddings")
@@ -444,7 +445,7 @@ def train_translation(
         place = distributed.checked_by_all(config.device)
         if main:
             ensure_writable_dir(out)  # (and locked now, before the first file is written)
-        refuse_run_taken_meanwhile(out, place, new_run=True)  # again, now that the folder is locked
+        refuse_run_taken_meanwhile(out, TASK, place, new_run=True)  # again, now that the folder is locked
         if main:
             save_tokenizers(out, src_tok, tgt_tok, settings)
             write_run_config(out, {"task": TASK, "model": model_config(model), "train": config_dict(config),

@@ -17,9 +17,11 @@ Every file and the checkpoint folder are written under a temporary name and rena
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,6 +35,7 @@ from attnlab.files import (
     atomic_dir,
     atomic_path,
     recover_dir,
+    refuse_non_folder,
     refuse_unwritable,
     said_by_path,
     write_json_atomic,
@@ -193,6 +196,17 @@ def _load_into(model: nn.Module, path: Path) -> None:
         raise AttnlabError(f"{path} is not a readable safetensors file for this model ({str(err).splitlines()[0]})") from err
     if missing or unexpected:
         raise AttnlabError(f"{path} does not match the model: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    _refuse_not_finite(model, path)
+
+
+def _refuse_not_finite(model: nn.Module, path: Path) -> None:
+    """Weights holding NaN or infinity are damaged: training stops at a loss that is not finite before it keeps
+    such weights, so they come from a damaged or edited file. Served anyway, greedy decoding picked the padding
+    id out of NaN scores and blamed the padding, and beam search printed a word with exit status 0."""
+    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not bool(t.isfinite().all())]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise AttnlabError(f"{path} holds NaN or infinite values in {bad[0]}{more}: these weights are damaged")
 
 
 def _shape_mismatch(model: nn.Module, path: Path) -> str:
@@ -239,12 +253,51 @@ def build_model(spec: dict[str, Any]) -> nn.Module:
         raise AttnlabError(f"model description in the config is not usable: {err}") from err
 
 
-def refuse_existing_run(out: str | Path, *, taken: bool | None = None) -> None:
-    """Refuse to start a new run in ``out`` if it holds one (its config.json; ``taken``: decided already, by the
-    process that looked). A task checks before it reads anything, and again once it holds the folder's lock
+def why_run_folder_taken(out: str | Path, task: str) -> str | None:
+    """Why a new ``task`` run cannot start in ``out`` (the line to say), or None when it can.
+
+    A folder holds a run when it holds a ``config.json``; otherwise a new run still refuses one that holds a file
+    by a name it writes (:data:`RUN_FILES`, a tokenizer, a checkpoint): those were replaced without a word, deleted
+    when the new run failed, and a checkpoint left without its config was resumed as the new run's own. Only a
+    run of the same task can be resumed, so only then is ``--resume`` suggested."""
+    out = Path(out)
+    config = out / CONFIG
+    if config.exists():
+        try:
+            other = json.loads(config.read_text(encoding="utf-8")).get("task")
+        except (OSError, ValueError, AttributeError):  # unreadable or not an object: a run's file all the same
+            other = None
+        if isinstance(other, str) and other != task:
+            return f"{out} already holds a '{other}' run; choose another --out"
+        return f"{out} already holds a run; pass --resume to continue it or choose another --out"
+    has_checkpoint(out)  # (puts back a checkpoint whose replacement was interrupted, to be seen below)
+    names = [p.name for p in out.iterdir()] if out.is_dir() else []
+    written = sorted(n for n in names if n in RUN_FILES or n == CHECKPOINT or fnmatch.fnmatch(n, "tokenizer*.json"))
+    if written:
+        return (f"{out} holds {', '.join(written)}, by names a new run writes there (and no {CONFIG} to resume); "
+                "choose another --out")
+    return None
+
+
+def refuse_bad_run_path(out: str | Path) -> None:
+    """Refuse an ``--out`` that cannot be a run folder, before the data is read: one that exists and is not a
+    folder (see :func:`~attnlab.files.refuse_non_folder`), or a name that is not UTF-8, under which safetensors
+    writes no weights: such a run trained to its end and then failed, as did every --resume and generate."""
+    refuse_non_folder(out, "--out")
+    try:
+        os.fsencode(out).decode("utf-8")
+    except UnicodeError:
+        raise AttnlabError(f"--out {out} is not a UTF-8 name, and safetensors reads and writes weights only under "
+                           "UTF-8 paths; choose another name") from None
+
+
+def refuse_existing_run(out: str | Path, task: str) -> None:
+    """Refuse to start a new ``task`` run in ``out`` if it holds one (see :func:`why_run_folder_taken`). A task
+    checks before it reads anything, and again once it holds the folder's lock
     (:func:`~attnlab.training.engine.refuse_run_taken_meanwhile`)."""
-    if (Path(out) / CONFIG).exists() if taken is None else taken:
-        raise AttnlabError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    reason = why_run_folder_taken(out, task)
+    if reason:
+        raise AttnlabError(reason)
 
 
 def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> None:
@@ -362,7 +415,9 @@ def checkpoint_progress(run_dir: str | Path) -> tuple[int, float, bool]:
     try:
         trainer = json.loads(path.read_text(encoding="utf-8"))["trainer"]
         return _step_count(trainer), float(trainer["elapsed"]), bool(trainer.get("stopped_early", False))
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+    except KeyError as err:  # (its text alone, "'trainer'", named nothing)
+        raise AttnlabError(f"checkpoint in {path.parent} is damaged: trainer.json has no {err} entry") from err
+    except (OSError, json.JSONDecodeError, TypeError, ValueError) as err:
         raise AttnlabError(f"checkpoint in {path.parent} is damaged: {err}") from err
 
 

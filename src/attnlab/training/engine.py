@@ -55,11 +55,11 @@ from attnlab.training.checkpoint import (
     has_checkpoint,
     load_checkpoint,
     read_metrics,
-    refuse_existing_run,
     refuse_shorter,
     rng_state,
     save_checkpoint,
     save_weights,
+    why_run_folder_taken,
 )
 from attnlab.training.schedules import Schedule
 
@@ -154,7 +154,8 @@ class TrainConfig:
         if not 0 < self.lr < math.inf:
             raise AttnlabError(f"learning rate must be a finite number > 0, got {self.lr}")
         if not 0.0 <= self.min_lr <= self.lr:
-            raise AttnlabError(f"the final learning rate must be between 0 and the peak {self.lr}, got {self.min_lr}")
+            raise AttnlabError(f"the final learning rate (min_lr, --min-lr) must be between 0 and the peak (lr, --lr) "
+                               f"{self.lr}, got {self.min_lr}")
         for name, value in (("warmup steps", self.warmup_steps), ("weight decay", self.weight_decay),
                             ("gradient clip", self.grad_clip), ("evaluation interval", self.eval_every),
                             ("patience", self.patience), ("checkpoint interval", self.checkpoint_every),
@@ -567,12 +568,14 @@ def run_training(model: nn.Module, task: Task, config: TrainConfig, out: str | P
         trainer.close()
 
 
-def refuse_run_taken_meanwhile(out: str | Path, place: distributed.Place, *, new_run: bool) -> None:
+def refuse_run_taken_meanwhile(out: str | Path, task: str, place: distributed.Place, *, new_run: bool) -> None:
     """:func:`~attnlab.training.checkpoint.refuse_existing_run` again, once rank 0 holds the folder's lock
     (:func:`~attnlab.files.ensure_writable_dir`): a run that another process started into the same new folder,
-    and finished meanwhile, is not replaced. Rank 0 looks; every process says it, in one line each."""
-    taken = place.is_main and new_run and (Path(out) / CONFIG).exists()
-    refuse_existing_run(out, taken=distributed.broadcast_flag(taken, place))
+    and finished meanwhile, is not replaced. Rank 0 looks; every process says it, in one line each (the others
+    without rank 0's reason, which stays on its machine)."""
+    reason = why_run_folder_taken(out, task) if place.is_main and new_run else None
+    if distributed.broadcast_flag(reason is not None, place):
+        raise AttnlabError(reason or f"{out} already holds a run; pass --resume to continue it or choose another --out")
 
 
 def train_or_forget(model: nn.Module, task: Task, config: TrainConfig, out: Path, *, resume: bool, existed: bool,
