@@ -1247,20 +1247,26 @@ def test_attnlabs_own_models_are_padded_with_their_own_pad_id(tmp_path):
 
 
 def test_a_failed_comparison_of_a_half_precision_output_says_rounding_may_be_the_cause():
-    """A correct bfloat16 model failed padding-invariance by 0.0156, and the message blamed its masks alone."""
+    """A correct bfloat16 model failed padding-invariance by 0.0156, and the message blamed its masks alone. The
+    note goes only with a difference of rounding's size: a leak far larger, or a failure that is no difference,
+    gets none (it would invite users to dismiss a real bug)."""
     table = torch.randn(20, 8)
 
     def looks_ahead(ids):  # each position sums its own and every later token's vectors: not causal
         return table[ids].flip(1).cumsum(1).flip(1)
 
-    def report(dtype):
-        return run_checks(lambda ids: looks_ahead(ids).to(dtype), Contract("decoder", vocab_size=20, pad_id=None),
+    def report(model, dtype):
+        return run_checks(lambda ids: model(ids).to(dtype), Contract("decoder", vocab_size=20, pad_id=None),
                           seeds=1, only=["causal"]).result("causal")
 
-    assert report(torch.bfloat16).failed and report(torch.bfloat16).summary.endswith(
+    faint = report(lambda ids: 2.0 + 0.003 * looks_ahead(ids), torch.bfloat16)  # moves by a unit or two of bfloat16
+    assert faint.failed and faint.summary.endswith(
         "; note: the output is bfloat16, whose rounding alone can pass this bound: check the model in float32 to "
         "tell a bug from rounding")
-    assert report(torch.float32).failed and "rounding" not in report(torch.float32).summary
+    for model, dtype in ((looks_ahead, torch.bfloat16), (looks_ahead, torch.float32),
+                         (lambda ids: looks_ahead(ids).sum(1), torch.bfloat16)):  # a leak, a pooled output
+        result = report(model, dtype)
+        assert result.failed and "rounding" not in result.summary, result.summary
 
 
 def test_a_logit_masked_to_minus_infinity_everywhere_passes_finite_outputs_and_is_said():
@@ -1285,6 +1291,30 @@ def test_a_logit_masked_to_minus_infinity_everywhere_passes_finite_outputs_and_i
     assert passed.status == "pass" and passed.summary.endswith("; feature [0] -inf everywhere, a masked logit")
     failed = run_checks(NoPadLogit(False), contract, seeds=2, only=["finite-outputs"]).result("finite-outputs")
     assert failed.failed and "not finite" in failed.summary
+
+    class Broken(nn.Module):  # every logit -inf, or all of them in a batch of one only: broken, not masked
+        def __init__(self, alone_only):
+            super().__init__()
+            self.lm, self.alone_only = lm, alone_only
+
+        def forward(self, ids):
+            logits = self.lm(ids)
+            return logits - torch.inf if not self.alone_only or len(ids) == 1 else logits
+
+    everything = run_checks(Broken(False), contract, seeds=2, only=["finite-outputs"]).result("finite-outputs")
+    assert everything.failed and "values not finite" in everything.summary
+    alone = run_checks(Broken(True), contract, seeds=2, only=["finite-outputs"]).result("finite-outputs")
+    assert alone.failed and "values not finite on the row alone" in alone.summary
+
+    class Sometimes(nn.Module):  # the pad logit -inf in batches of one only: finite elsewhere, so no masking
+        def forward(self, ids):
+            logits = lm(ids)
+            if len(ids) == 1:
+                logits[..., 0] = -torch.inf
+            return logits
+
+    sometimes = run_checks(Sometimes(), contract, seeds=2, only=["finite-outputs"]).result("finite-outputs")
+    assert sometimes.failed, sometimes.summary
 
 
 def test_a_seq2seq_model_whose_output_follows_the_source_is_told_to_check_its_arguments():

@@ -135,12 +135,30 @@ def test_a_run_of_another_task_or_no_run_is_a_clear_error(tmp_path):
     assert result.exit_code == 2 and result.stderr == f"error: {tmp_path / 'file'} is not a folder\n"
 
 
-def test_a_prompt_whose_bytes_are_not_utf8_is_one_error_line(run):
+def test_a_prompt_or_stop_text_whose_bytes_are_not_utf8_is_one_error_line(run):
     """Python reads such bytes as surrogates: a BPE run raised a TypeError, a char run named a character '\\udcff'."""
-    result = invoke("generate", run[0], "--prompt", "the \udcff", "--max-new-tokens", 3)
-    assert result.exit_code == 2 and result.stdout == ""
-    assert result.stderr.count("\n") == 1
-    assert result.stderr.startswith("error: Invalid value for '--prompt': the text is not UTF-8 (see ")
+    for option in ("--prompt", "--stop"):
+        text = ["--prompt", "the \udcff"] if option == "--prompt" else ["--prompt", "the ", "--stop", "\udcff"]
+        result = invoke("generate", run[0], *text, "--max-new-tokens", 3)
+        assert result.exit_code == 2 and result.stdout == ""
+        assert result.stderr.count("\n") == 1
+        assert result.stderr.startswith(f"error: Invalid value for '{option}': the text is not UTF-8 (see ")
+
+
+def test_generated_text_is_written_in_utf8_under_the_c_locale(tmp_path):
+    """Under LC_ALL=C Python's stdout is ASCII: a prompt holding 'é' ended in a UnicodeEncodeError traceback."""
+    import os
+    import subprocess
+    import sys
+
+    text = tmp_path / "fr.txt"
+    text.write_text("un café noir. un café crème.\n" * 100, encoding="utf-8")
+    assert invoke("train", "lm", "--text", text, "--out", tmp_path / "run", *TINY).exit_code == 0
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    done = subprocess.run([sys.executable, "-m", "attnlab.cli.main", "generate", str(tmp_path / "run"), "--prompt",
+                           "un café", "--max-new-tokens", "3", "--greedy"], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode("utf-8").startswith("un café")
 
 
 def test_one_final_evaluation_batch_is_said_in_the_singular(tmp_path):

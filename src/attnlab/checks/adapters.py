@@ -167,9 +167,10 @@ def pad_id_holder(model: Any) -> str:
 
 
 def warn_other_pad_id(model: Any, pad_id: int | None) -> None:
-    """Warn when ``model`` is an adapter that hides a pad id other than ``pad_id``, the one the checks pad with:
-    its padding checks would then judge a model that is never told where that padding is. (An adapter with no
-    pad id, or checks without padding, is no mismatch: a forgotten mask is what the padding checks catch.)"""
+    """Warn when ``model`` is an adapter (or one of attnlab's models, see :func:`hidden_pad_id`) that hides a pad id
+    other than ``pad_id``, the one the checks pad with: its padding checks would then judge a model that is never
+    told where that padding is. (A model with no pad id, or checks without padding, is no mismatch: a forgotten
+    mask is what the padding checks catch.)"""
     hidden = hidden_pad_id(model)
     if hidden is not None and pad_id is not None and hidden != pad_id:
         warnings.warn(f"{pad_id_holder(model)} hides pad id {hidden} but the checks pad with {pad_id} (the contract's pad_id, "

@@ -7,8 +7,8 @@ allowed length; the third is one row alone (a batch of one). Every output value 
 positions included, because a NaN there still poisons a loss that is masked by multiplication. Catches a padding mask turned the wrong way (seed 004:
 the real words are hidden, so a full-length row has nothing left to attend to and ``softmax`` of all
 ``-inf`` is 0/0) and look-ahead masks that hide a whole query row. No tolerance: a value is finite or
-it is not, but for a feature that is ``-inf`` at every position of every row: a logit masked by design (a
-decoder that never predicts the padding id), said in the summary.
+it is not, but for features that are ``-inf`` at every position of every row of every batch, others being
+finite: logits masked by design (a decoder that never predicts the padding id), said in the summary.
 """
 
 from __future__ import annotations
@@ -74,36 +74,39 @@ def _nan_on_real_tokens(out: Tensor, ids: Tensor, pad_id: int | None, per_positi
     return bool((nan.reshape(nan.shape[0], -1).any(-1) & real.any(1)).any())
 
 
-def _masked_features(out: Tensor, bad: Tensor, per_position: bool) -> list[int]:
-    """The last-axis features of ``out`` that are ``-inf`` everywhere, when they are all its non-finite values
-    (a masked logit, never predicted); [] otherwise, and for an output without a feature axis (whose last axis
-    is its positions or its rows)."""
+def _masked_features(out: Tensor, bad: Tensor, per_position: bool) -> set[int]:
+    """The last-axis features of ``out`` that are ``-inf`` everywhere, when they are all its non-finite values and
+    some feature is finite (masked logits, never predicted); none otherwise, and for an output without a feature
+    axis (whose last axis is its positions or its rows). An output -inf throughout is broken, not masked."""
     if out.dim() < (3 if per_position else 2):
-        return []
+        return set()
     flat = out.float().reshape(-1, out.shape[-1])
     masked = (flat == -torch.inf).all(0)  # (features,)
-    if not masked.any() or bad.reshape(-1, out.shape[-1])[:, ~masked].any():
-        return []
-    return [int(i) for i in torch.nonzero(masked)[:, 0]]
+    if not masked.any() or masked.all() or bad.reshape(-1, out.shape[-1])[:, ~masked].any():
+        return set()
+    return {int(i) for i in torch.nonzero(masked)[:, 0]}
 
 
 def check_finite_outputs(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
     """Run the finite outputs check over ``seeds``; see the module docstring."""
-    tol = "every value finite (a feature -inf everywhere, a masked logit, apart)"
+    tol = "every value finite (features -inf everywhere in every batch, masked logits, apart)"
     seen: list[str] = []
-    masked: set[int] = set()
+    masked: set[int] | None = None  # the masked logits, as the first batch shows them; every batch must agree
     for done, seed in enumerate(seeds, 1):
         mut.seed, gen = seed, generator(NAME, seed)
         for what, ids, src, names in _cases(gen, mut.contract):
             out = mut.outputs(ids, src)
             seen += [] if what in seen else [what]
             bad = ~torch.isfinite(out.float())
-            if not bad.any():
-                continue
-            features = _masked_features(out, bad, mut.per_position)
-            if features:  # (the same -inf at every position of every row is a choice, not arithmetic gone wrong)
-                masked.update(features)
-                continue
+            features = _masked_features(out, bad, mut.per_position) if bad.any() else set()
+            masked = features if masked is None else masked
+            if features == masked and not (bad.any() and not features):
+                continue  # all finite, or -inf at every position of the same features as every other batch
+            if not bad.any():  # the features -inf everywhere elsewhere are finite here: no masking by design
+                return CheckResult(NAME, "fail", f"seed {seed}: feature(s) {shown(sorted(masked))} are -inf at every "
+                                   f"position of some batches but finite on the {what} (row 0: {shown(ids[0])}): -inf "
+                                   "there is no logit masked by design", tol, done,
+                                   {"seed": seed, "case": what, "input": ids, "features": sorted(masked)})
             if mut.per_position:  # (batch, seq, ...) -> which (row, position) pairs
                 where = [list(map(int, p)) for p in torch.nonzero(bad.reshape(*bad.shape[:2], -1).any(-1))]
             else:
@@ -125,5 +128,5 @@ def check_finite_outputs(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
                             "ignore, a Hugging Face attention_mask 1 = keep)")
             return CheckResult(NAME, "fail", summary, tol, done, evidence)
     apart = (f"; feature{'s' if len(masked) > 1 else ''} {shown(sorted(masked))} -inf everywhere, a masked logit"
-             if masked else "")
+             if masked else "")  # (masked is never None here: every check draws at least one batch)
     return CheckResult(NAME, "pass", f"all finite: {'; '.join(seen)}{apart}", tol, len(seeds))

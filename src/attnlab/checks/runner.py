@@ -16,6 +16,7 @@ from torch import nn
 from attnlab.checks.batch import check_batch_independence
 from attnlab.checks.calling import FAST_PATH_LOCK, ModelRaised, ModelUnderTest, OutputError, mode
 from attnlab.checks.causal import check_causal
+from attnlab.checks.compare import EPS_FACTOR, TOLERANCE
 from attnlab.checks.contract import Contract
 from attnlab.checks.finite import check_finite_outputs
 from attnlab.checks.inference import check_inference_path
@@ -87,11 +88,19 @@ def run_check(name: str, mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
 
 
 def _rounding_noted(result: CheckResult, mut: ModelUnderTest) -> CheckResult:
-    """``result``, a failed comparison of a half-precision output told that rounding alone may exceed its bound:
-    a correct bfloat16 model failed padding-invariance by 0.0156, blamed on its masks. (``inference-path`` widens
-    its own tolerance for such outputs; the others compare one kernel on varied inputs and keep theirs.)"""
+    """``result``, a failed comparison of a half-precision output that differed by no more than the dtype's
+    rounding, told that rounding alone may be the cause: a correct bfloat16 model failed padding-invariance by
+    0.0156, blamed on its masks. A larger difference, or a failure that is no difference (outputs too alike, or
+    a layout), gets no such note. (``inference-path`` widens its own tolerance for such outputs; the others
+    compare one kernel on varied inputs and keep theirs.)"""
     half = mut.output_dtype in (torch.bfloat16, torch.float16)
     if not (half and result.failed and result.name in COMPARING and result.name != "inference-path"):
+        return result
+    diff, bound = result.evidence.get("max_diff"), result.evidence.get("bound")
+    if not isinstance(diff, float) or not isinstance(bound, float) or not diff > bound:
+        return result
+    scale = (bound - TOLERANCE.atol) / TOLERANCE.rtol  # the output's scale the bound was made from
+    if diff > EPS_FACTOR * torch.finfo(mut.output_dtype).eps * scale:  # larger than rounding: a bug to look for
         return result
     dtype = str(mut.output_dtype).removeprefix("torch.")
     return replace(result, summary=f"{result.summary}; note: the output is {dtype}, whose rounding alone can pass "

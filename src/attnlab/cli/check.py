@@ -93,7 +93,7 @@ def run_contract(config: dict) -> dict:
 @click.option("--kind", type=click.Choice(KINDS), default=None,
               help="encoder/decoder: model(ids); seq2seq: model(src, tgt). [factory: required; a run: its task's]")
 @click.option("--pad-id", default=None, callback=_pad_id,
-              help="Padding id (right padding), or 'none' for a model without padding. [factory: 0; a run: its own]")
+              help="Padding id (right padding), or 'none' for a model without padding. [factory: 0, or the pad id of an adapter or of attnlab's model; a run: its own]")
 @click.option("--vocab-size", type=click.IntRange(min=MIN_VOCAB_SIZE, max=MAX_VOCAB_SIZE), default=None,
               help="Ids are drawn below this (for seq2seq: the smaller vocabulary). [factory: 32; a run: its own]")
 @click.option("--max-length", type=click.IntRange(min=MIN_MAX_LENGTH), default=None,

@@ -30,7 +30,7 @@ from attnlab.training.engine import torch_threads
 @click.option("--seed", type=SEED, default=None, help="Seed of the sampling; the same seed gives the same text.")
 @click.option("--num-samples", type=click.IntRange(min=1), default=1, show_default=True,
               help="Samples to write, one after another with a separator line; sample i uses seed S + i.")
-@click.option("--stop", "stops", multiple=True, metavar="TEXT",
+@click.option("--stop", "stops", multiple=True, metavar="TEXT", type=Utf8Text(),
               help="Stop a sample once its generated text contains TEXT (printed with it; may be repeated).")
 @click.option("--greedy", is_flag=True, help="Always take the most likely token (ignores temperature, top-k, top-p).")
 @click.option("--no-cache", is_flag=True, help="Recompute the whole window every step instead of using the KV cache (the same greedy "

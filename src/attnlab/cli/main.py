@@ -8,6 +8,7 @@ stderr, ``error: ...``, and exit status 2; never a stack trace.
 
 from __future__ import annotations
 
+import codecs
 import io
 import os
 import re
@@ -58,6 +59,7 @@ class _MainGroup(LazyGroup):
         missing required option) as one ``error:`` line instead of Click's usage block, exit status 2."""
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
+        _utf8_stdout()
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
         except click.ClickException as err:
@@ -101,6 +103,22 @@ class _MainGroup(LazyGroup):
                 raise
             _error(said)
             ctx.exit(2)
+
+
+def _utf8_stdout() -> None:
+    """Write standard output in UTF-8 whatever the locale, as the commands read their text arguments and files:
+    under ``LC_ALL=C`` Python's stdout is ASCII, and a prompt or translation holding 'é' ended in a
+    UnicodeEncodeError traceback halfway through the text."""
+    stream = sys.stdout
+    encoding = getattr(stream, "encoding", None)
+    if not encoding or not hasattr(stream, "reconfigure"):  # closed, or not a text stream of a file
+        return
+    try:
+        utf8 = codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        utf8 = False
+    if not utf8:
+        stream.reconfigure(encoding="utf-8")
 
 
 def _out_of_memory(err: BaseException) -> str | None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
@@ -203,7 +203,10 @@ def _refuse_not_finite(model: nn.Module, path: Path) -> None:
     """Weights holding NaN or infinity are damaged: training stops at a loss that is not finite before it keeps
     such weights, so they come from a damaged or edited file. Served anyway, greedy decoding picked the padding
     id out of NaN scores and blamed the padding, and beam search printed a word with exit status 0."""
-    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not bool(t.isfinite().all())]
+    with safe_open(str(path), framework="pt") as f:  # named as the file stores them: tied names are one tensor
+        stored = set(f.keys())
+    bad = [name for name, t in model.state_dict().items()
+           if name in stored and t.is_floating_point() and not bool(t.isfinite().all())]
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise AttnlabError(f"{path} holds NaN or infinite values in {bad[0]}{more}: these weights are damaged")
@@ -211,8 +214,6 @@ def _refuse_not_finite(model: nn.Module, path: Path) -> None:
 
 def _shape_mismatch(model: nn.Module, path: Path) -> str:
     """The first tensor whose shape differs between the file and ``model`` ("" if none, or unreadable)."""
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt") as f:
             in_file = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
