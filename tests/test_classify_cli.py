@@ -711,3 +711,29 @@ def test_the_logged_accuracy_counts_unseen_validation_labels_as_the_report_does(
     logged = [r["eval"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval" in r]
     best = max(r["accuracy"] for r in logged)
     assert best == pytest.approx(report["correct"] / 22) == pytest.approx(report["accuracy"])
+
+
+def test_a_run_from_before_unseen_labels_counted_resumes_with_its_own_accuracy(tmp_path):
+    """Its saved best was taken over the rows with known labels: a resume judging new evaluations over all rows
+    compared the two (10/70 lost to 9/60, keeping worse weights) and reported 11/70 for weights that score 9/70."""
+    from attnlab.tasks.classify_train import UNSEEN_COUNTED
+
+    train = write_tickets(tmp_path / "t.csv", 120, seed=0)
+    valid = write_tickets(tmp_path / "v.csv", 20, seed=1)
+    with open(valid, "a", encoding="utf-8") as f:
+        f.write("where is my parcel,lost_parcel\nmy parcel is lost,lost_parcel\n")
+    out = tmp_path / "run"
+    args = ["train", "classify", "--train", train, "--valid", valid, "--out", out, "--model", "tiny", *SMALL]
+    assert run(*args, "--epochs", "2").exit_code == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config.pop(UNSEEN_COUNTED) is True  # as a run from before it wrote its config
+    (out / "config.json").write_text(json.dumps(config))
+    before = len((out / "metrics.jsonl").read_text().splitlines())
+    resumed = run(*args, "--epochs", "4", "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    added = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()[before:]]
+    evals = [r["eval"]["accuracy"] for r in added if "eval" in r]
+    assert len(evals) == 2 and all(abs(a * 20 - round(a * 20)) < 1e-9 for a in evals)  # over the 20 known rows
+    report = json.loads((out / "result.json").read_text())
+    kept = [r["eval"]["accuracy"] for r in added if r.get("best")]  # a best of the resumed part: counted over 20
+    assert report["total"] == 22 and kept and report["correct"] == round(kept[-1] * 20)

@@ -169,6 +169,25 @@ def test_one_final_evaluation_batch_is_said_in_the_singular(tmp_path):
     assert result.exit_code == 0 and result.stdout.rstrip().endswith("nats/token (1 batch of 12x24)")  # (evaluation batches of 12)
 
 
+def test_ctrl_c_before_the_config_is_written_leaves_the_folder_to_the_same_command(tmp_path, monkeypatch):
+    """The tokenizer is written, then the config; interrupted between them, the run's own tokenizer.json made the
+    same command refuse the folder, and --resume found no run there."""
+    import attnlab.tasks.lm_train as lm_train
+
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    real = lm_train.write_run_config
+
+    def interrupted(out, config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lm_train, "write_run_config", interrupted)
+    first = invoke("train", "lm", "--text", text, "--out", tmp_path / "run", *TINY)
+    assert first.exit_code == 130 and not (tmp_path / "run" / "tokenizer.json").exists()
+    monkeypatch.setattr(lm_train, "write_run_config", real)
+    assert invoke("train", "lm", "--text", text, "--out", tmp_path / "run", *TINY).exit_code == 0
+
+
 def test_an_out_whose_name_is_not_utf8_is_refused_before_training(tmp_path):
     """safetensors writes no weights under such a path: the run trained to its end, then failed (as did --resume)."""
     text = tmp_path / "fox.txt"
@@ -206,12 +225,14 @@ def test_a_new_run_refuses_another_tasks_run_and_a_checkpoint_left_without_its_c
     theirs.mkdir()
     (theirs / "tokenizer.json").write_text('{"my": "tokenizer"}')
     (theirs / "notes.txt").write_text("mine")
+    (theirs / "tokenizer_config.json").write_text("{}")  # Hugging Face's: no run writes it, it may stay
     failed = invoke("train", "lm", "--text", text, "--out", theirs, *TINY, "--lr", "1e30", "--grad-clip", "0")
     assert failed.exit_code == 2 and failed.stderr.startswith(f"error: {theirs} holds tokenizer.json, by names")
     assert (theirs / "tokenizer.json").read_text() == '{"my": "tokenizer"}'
     (theirs / "tokenizer.json").unlink()  # a folder of other files takes a run beside them
     assert invoke("train", "lm", "--text", text, "--out", theirs, *TINY).exit_code == 0
     assert (theirs / "notes.txt").read_text() == "mine" and (theirs / "config.json").is_file()
+    assert (theirs / "tokenizer_config.json").read_text() == "{}"
 
 
 def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):

@@ -647,3 +647,26 @@ def test_holds_of_one_process_share_the_folder_lock_and_the_last_one_out_lets_it
             assert not lockable_by_another_process(out)  # still held after the inner hold ended
         assert not lockable_by_another_process(out)  # the outer hold keeps it from the inner one's take on
     assert lockable_by_another_process(out)  # let go
+
+
+def test_a_new_runs_first_files_go_again_when_it_stops_before_its_config(tmp_path):
+    """Ctrl-C between the tokenizer and config.json left a folder that the same command refused (a file by a run's
+    name) and --resume refused too (no config)."""
+    from attnlab.training.checkpoint import first_files
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's")
+    with pytest.raises(KeyboardInterrupt), first_files(out, writer=True):
+        (out / "tokenizer.json").write_text("{}")
+        raise KeyboardInterrupt
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    with pytest.raises(OSError), first_files(out, writer=True):  # the config written: a run, kept as it is
+        (out / "tokenizer.json").write_text("{}")
+        write_run_config(out, {"task": "lm", "model": {}})
+        raise OSError("disk full after the config")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "notes.txt", "tokenizer.json"]
+    (out / "config.json").unlink()
+    with pytest.raises(KeyboardInterrupt), first_files(out, writer=False):  # another rank deletes nothing
+        raise KeyboardInterrupt
+    assert (out / "tokenizer.json").exists()

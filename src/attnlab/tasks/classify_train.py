@@ -45,6 +45,7 @@ from attnlab.training.checkpoint import (
     WEIGHTS,
     build_model,
     checkpoint_progress,
+    first_files,
     has_checkpoint,
     ignored_on_resume,
     load_weights,
@@ -523,7 +524,14 @@ def _new_run_config(model: nn.Module, tokenizer: WordTokenizer | BPETokenizer, t
                  "train_rows": len(data.train), "valid_rows": len(data.valid), "truncated": truncated},
         "classify": asdict(settings),
         "train": config_dict(config),
+        UNSEEN_COUNTED: True,
     }
+
+
+#: In a run's config.json: its validation accuracy counts the rows whose label training never saw, as errors
+#: (runs from before 2026-12-01 took it over the other rows; a resume of one keeps doing so, since its saved
+#: best score was taken that way and a new evaluation must be compared with it alike).
+UNSEEN_COUNTED = "accuracy_counts_unseen_labels"
 
 
 @holds_run_folder
@@ -606,7 +614,8 @@ def train_classifier(
                             batch_size=settings.batch_size, seed=settings.seed,
                             label_smoothing=settings.label_smoothing,
                             each_head=getattr(model, "num_heads_out", 1) > 1,
-                            unpredictable=len(data.valid) - len(valid_rows) if data.valid.labels else 0)
+                            unpredictable=len(data.valid) - len(valid_rows) if data.valid.labels and (
+                                saved is None or saved.get(UNSEEN_COUNTED, False)) else 0)
         per_epoch = task.batches_per_epoch()
         settings, planned = _planned_steps(out, model, task, settings, saved=saved, length=length, resume=resume,
                                            note=note)
@@ -621,10 +630,11 @@ def train_classifier(
             ensure_writable_dir(out)
         refuse_run_taken_meanwhile(out, TASK_NAME, place, new_run=saved is None)  # again, now that the folder is locked
         if saved is None and main:
-            tokenizer.save(out / TOKENIZER)
-            write_run_config(out, _new_run_config(model, tokenizer, trained, data, settings, config, train_path,
-                                                  valid_path, truncated={"train": train_enc.truncated,
-                                                                         "valid": valid_enc.truncated}))
+            new_config = _new_run_config(model, tokenizer, trained, data, settings, config, train_path, valid_path,
+                                         truncated={"train": train_enc.truncated, "valid": valid_enc.truncated})
+            with first_files(out, writer=True):  # (the config made first: it reads the data files again)
+                tokenizer.save(out / TOKENIZER)
+                write_run_config(out, new_config)
         def record() -> None:  # a new length, time budget or thread count, once the checkpoint has loaded: an
             changed = [k for k in ("max_steps", "max_seconds", "checkpoint_every")  # interrupted lengthening goes
                        if getattr(config, k) != saved["train"][k]]  # on with a plain --resume
@@ -638,7 +648,8 @@ def train_classifier(
         load_weights(model, out / WEIGHTS)
         best = result.best
         total = len(data.valid)  # rows with unseen labels count as wrong (the task's accuracy): they cannot be predicted
-        correct = round(best.get("accuracy", math.nan) * total) if best else 0
+        judged = len(valid_rows) + task.unpredictable  # the rows the accuracy was taken over
+        correct = round(best.get("accuracy", math.nan) * judged) if best else 0
         stopped_by = "patience" if result.stopped_early else "steps" if result.steps >= planned else "time"
         report = ClassifyReport(
             accuracy=correct / total if total else math.nan, correct=correct, total=total,

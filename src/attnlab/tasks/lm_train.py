@@ -47,6 +47,7 @@ from attnlab.training.checkpoint import (
     RESULT,
     TOKENIZER,
     WEIGHTS,
+    first_files,
     has_checkpoint,
     ignored_on_resume,
     load_weights,
@@ -401,12 +402,13 @@ def train_language_model(
         # only now: a setting the model or the data refuse leaves no folder behind
         out = ensure_writable_dir(out) if main else Path(out)
         refuse_run_taken_meanwhile(out, task_name, place, new_run=run_config is None)  # again, now that the folder is locked
-        if main and saved_tokenizer is None:
-            data.tokenizer.save(out / TOKENIZER)
         run_config = _run_config(task_name, model, text, data, settings, config, selection=selection,
-                                 bom_dropped=not keep_bom)
-        if not resume and main:  # a resume records its settings once its checkpoint has loaded (record, below)
-            write_run_config(out, run_config)
+                                 bom_dropped=not keep_bom)  # (before the files: it reads the whole text again)
+        with first_files(out, writer=main):
+            if main and saved_tokenizer is None:
+                data.tokenizer.save(out / TOKENIZER)
+            if not resume and main:  # a resume records its settings once its checkpoint has loaded (record, below)
+                write_run_config(out, run_config)
 
         def record() -> None:  # once the checkpoint has loaded: an interrupted lengthening goes on with a plain
             if main:  # --resume, and a resume that fails before changes nothing

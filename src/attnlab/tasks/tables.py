@@ -210,7 +210,9 @@ def read_table(
         raise AttnlabError(f"{path}: {len(empty)} row(s) have an empty {text_column!r} (first: {_row_name(path, empty[0])})")
     labels = None
     if label_col is not None:
-        labels = [_label(r.get(label_col)) for r in rows]
+        raw = [r.get(label_col) for r in rows]
+        labels = [_cell(value).strip() for value in raw]
+        _refuse_a_number_written_twice(raw, labels, path, label_col)
         missing = [i for i, lab in enumerate(labels) if not lab]
         if missing:
             raise AttnlabError(f"{path}: {len(missing)} row(s) have no {label_col!r} label "
@@ -233,12 +235,18 @@ def _cell(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _label(value: object) -> str:
-    """A label cell as text (see :func:`_cell`), a JSON number written one way: 1 and 1.0 are the same number, and
-    were two classes."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return _cell(value).strip()
+def _refuse_a_number_written_twice(raw: list[object], labels: list[str], path: Path, column: str) -> None:
+    """Refuse JSON labels that are one number written two ways (1 and 1.0 made two classes of one). The labels
+    stay as written, as a CSV's do: a run trained on 1.0 predicts "1.0", and its files read the same either way."""
+    spellings: dict[object, set[str]] = {}
+    for value, label in zip(raw, labels):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            spellings.setdefault(value, set()).add(label)  # (1 and 1.0 are one key: equal, with one hash)
+    for written in spellings.values():
+        if len(written) > 1:
+            first, second = sorted(written)[:2]
+            raise AttnlabError(f"{path}: the {column!r} labels {first} and {second} are one number written two ways, "
+                               "which would make two classes; write each label one way")
 
 
 def _row_name(path: Path, index: int) -> str:

@@ -52,6 +52,7 @@ from attnlab.training.checkpoint import (
     RESULT,
     TOKENIZER,
     build_model,
+    first_files,
     has_checkpoint,
     ignored_on_resume,
     model_config,
@@ -447,9 +448,11 @@ def train_translation(
             ensure_writable_dir(out)  # (and locked now, before the first file is written)
         refuse_run_taken_meanwhile(out, TASK, place, new_run=True)  # again, now that the folder is locked
         if main:
-            save_tokenizers(out, src_tok, tgt_tok, settings)
-            write_run_config(out, {"task": TASK, "model": model_config(model), "train": config_dict(config),
-                                   "settings": asdict(settings), "data": _data_record(settings, train=train, valid=valid)})
+            data_record = _data_record(settings, train=train, valid=valid)  # (first: it reads the data again)
+            with first_files(out, writer=True):
+                save_tokenizers(out, src_tok, tgt_tok, settings)
+                write_run_config(out, {"task": TASK, "model": model_config(model), "train": config_dict(config),
+                                       "settings": asdict(settings), "data": data_record})
     task = TranslationTask(train_pairs, valid_pairs, valid_sources, valid_ref, tgt_tok, settings, seed=config.seed)
     log(f"{len(train_pairs)} training pairs, {len(valid_pairs)} validation pairs; model {type(model).__name__} "
         f"with {model.num_parameters():,} parameters")

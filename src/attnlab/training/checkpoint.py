@@ -17,11 +17,13 @@ Every file and the checkpoint folder are written under a temporary name and rena
 
 from __future__ import annotations
 
-import fnmatch
 import importlib
 import json
 import math
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -254,6 +256,11 @@ def build_model(spec: dict[str, Any]) -> nn.Module:
         raise AttnlabError(f"model description in the config is not usable: {err}") from err
 
 
+#: A run's tokenizer: ``tokenizer.json``, or a translation's ``tokenizer.de.json`` (not Hugging Face's
+#: ``tokenizer_config.json``, which may stay beside a run).
+_TOKENIZER_NAME = re.compile(r"tokenizer(\.[^.]+)?\.json")
+
+
 def why_run_folder_taken(out: str | Path, task: str) -> str | None:
     """Why a new ``task`` run cannot start in ``out`` (the line to say), or None when it can.
 
@@ -273,7 +280,7 @@ def why_run_folder_taken(out: str | Path, task: str) -> str | None:
         return f"{out} already holds a run; pass --resume to continue it or choose another --out"
     has_checkpoint(out)  # (puts back a checkpoint whose replacement was interrupted, to be seen below)
     names = [p.name for p in out.iterdir()] if out.is_dir() else []
-    written = sorted(n for n in names if n in RUN_FILES or n == CHECKPOINT or fnmatch.fnmatch(n, "tokenizer*.json"))
+    written = sorted(n for n in names if n in RUN_FILES or n == CHECKPOINT or _TOKENIZER_NAME.fullmatch(n))
     if written:
         return (f"{out} holds {', '.join(written)}, by names a new run writes there (and no {CONFIG} to resume); "
                 "choose another --out")
@@ -304,6 +311,22 @@ def refuse_existing_run(out: str | Path, task: str) -> None:
 def write_run_config(run_dir: str | Path, config: dict[str, Any]) -> None:
     """Write ``RUN/config.json`` (must hold ``task`` and ``model``)."""
     write_json_atomic(Path(run_dir) / CONFIG, config)
+
+
+@contextmanager
+def first_files(out: Path, *, writer: bool) -> Iterator[None]:
+    """Around a new run's first files, its tokenizers and then ``config.json``: if the block does not get to the
+    config (Ctrl-C, a full disk), the files it made go again, so that the same command can start over. A folder
+    left holding a tokenizer without a config was refused by that command (a file by a run's name) and by
+    ``--resume`` (no run). ``writer``: the process that writes (rank 0); the others only run the block."""
+    before = {p.name for p in out.iterdir()} if writer and out.is_dir() else set()
+    try:
+        yield
+    except BaseException:
+        if writer and not (out / CONFIG).exists():
+            for made in [p for p in out.iterdir() if p.name not in before and p.is_file()]:
+                made.unlink(missing_ok=True)
+        raise
 
 
 def ignored_on_resume(requested: dict[str, Any], saved: dict[str, Any], what: str = "settings") -> str | None:

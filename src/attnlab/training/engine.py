@@ -575,7 +575,7 @@ def refuse_run_taken_meanwhile(out: str | Path, task: str, place: distributed.Pl
     without rank 0's reason, which stays on its machine)."""
     reason = why_run_folder_taken(out, task) if place.is_main and new_run else None
     if distributed.broadcast_flag(reason is not None, place):
-        raise AttnlabError(reason or f"{out} already holds a run; pass --resume to continue it or choose another --out")
+        raise AttnlabError(reason or f"{out} was taken by another run meanwhile (rank 0 says how); choose another --out")
 
 
 def train_or_forget(model: nn.Module, task: Task, config: TrainConfig, out: Path, *, resume: bool, existed: bool,
