@@ -737,3 +737,19 @@ def test_a_run_from_before_unseen_labels_counted_resumes_with_its_own_accuracy(t
     report = json.loads((out / "result.json").read_text())
     kept = [r["eval"]["accuracy"] for r in added if r.get("best")]  # a best of the resumed part: counted over 20
     assert report["total"] == 22 and kept and report["correct"] == round(kept[-1] * 20)
+
+
+def test_a_label_written_one_way_in_training_and_another_in_validation_is_refused(tmp_path):
+    """1 in the training file and 1.0 in the validation file made 1.0 a label training never saw: its rows all
+    counted as errors (50% where every prediction was right)."""
+    train, valid = tmp_path / "t.jsonl", tmp_path / "v.jsonl"
+    train.write_text("".join(json.dumps({"text": f"ticket {i} {'card' if i % 2 else 'parcel'}", "label": i % 2}) + "\n"
+                             for i in range(40)))
+    valid.write_text("".join(json.dumps({"text": f"ticket {i}", "label": 1.0 if i % 2 else 0}) + "\n"
+                             for i in range(10)))
+    refused = run("train", "classify", "--train", train, "--valid", valid, "--out", tmp_path / "r", *SMALL,
+                  "--epochs", "1")
+    assert refused.exit_code == 2 and refused.stderr.endswith(
+        f"error: {train} and {valid}: the labels 1 and 1.0 are one number written two ways, which would make two "
+        "classes; write each label one way\n")
+    assert not (tmp_path / "r").exists()

@@ -105,8 +105,12 @@ def test_a_json_number_label_written_two_ways_is_refused_and_labels_stay_as_writ
     would make a run trained before on 1.0 score 0% on its own data, and read a CSV's "1.0" as another class."""
     rows = [{"text": f"ticket {i}", "label": (i % 3) if i % 2 else float(i % 3)} for i in range(12)]
     (tmp_path / "n.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(AttnlabError, match=r"n.jsonl: the 'label' labels 0 and 0.0 are one number written two ways"):
+    with pytest.raises(AttnlabError, match=r"n.jsonl, column 'label': the labels 0 and 0.0 are one number "
+                                           r"written two ways"):
         read_table(tmp_path / "n.jsonl")
+    (tmp_path / "e.csv").write_text("text,label\na,1e2\nb,100\nc,7\n")  # a CSV's too, however written
+    with pytest.raises(AttnlabError, match=r"e.csv, column 'label': the labels 100 and 1e2 are one number"):
+        read_table(tmp_path / "e.csv")
     values = (0.5, 2.0, "2.0", True, 1e23)
     (tmp_path / "f.jsonl").write_text("".join(json.dumps({"text": "t", "label": v}) + "\n" for v in values))
     assert read_table(tmp_path / "f.jsonl").labels == ["0.5", "2.0", "2.0", "true", "1e+23"]

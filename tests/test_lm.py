@@ -155,10 +155,21 @@ def test_generated_text_is_written_in_utf8_under_the_c_locale(tmp_path):
     text.write_text("un café noir. un café crème.\n" * 100, encoding="utf-8")
     assert invoke("train", "lm", "--text", text, "--out", tmp_path / "run", *TINY).exit_code == 0
     env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
-    done = subprocess.run([sys.executable, "-m", "attnlab.cli.main", "generate", str(tmp_path / "run"), "--prompt",
-                           "un café", "--max-new-tokens", "3", "--greedy"], env=env, capture_output=True)
+    generate = [sys.executable, "-m", "attnlab.cli.main", "generate", str(tmp_path / "run"), "--prompt", "un café",
+                "--max-new-tokens", "3", "--greedy"]
+    done = subprocess.run(generate, env=env, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode("utf-8").startswith("un café")
+    # A path's bytes that the C locale cannot decode are written back as they were (the first version of this
+    # wrote UTF-8 strictly, and the run's closing lines ended in a traceback)...
+    folder = tmp_path / "dé"
+    done = subprocess.run([sys.executable, "-m", "attnlab.cli.main", "train", "lm", "--text", str(text), "--out",
+                           str(folder), *TINY], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    assert f"run folder: {folder} (".encode() in done.stdout
+    # ... and an encoding asked for is kept.
+    done = subprocess.run(generate, env={**env, "PYTHONIOENCODING": "latin-1"}, capture_output=True)
+    assert done.returncode == 0 and done.stdout.startswith("un café".encode("latin-1"))
 
 
 def test_one_final_evaluation_batch_is_said_in_the_singular(tmp_path):
@@ -229,7 +240,11 @@ def test_a_new_run_refuses_another_tasks_run_and_a_checkpoint_left_without_its_c
     failed = invoke("train", "lm", "--text", text, "--out", theirs, *TINY, "--lr", "1e30", "--grad-clip", "0")
     assert failed.exit_code == 2 and failed.stderr.startswith(f"error: {theirs} holds tokenizer.json, by names")
     assert (theirs / "tokenizer.json").read_text() == '{"my": "tokenizer"}'
-    (theirs / "tokenizer.json").unlink()  # a folder of other files takes a run beside them
+    (theirs / "tokenizer.json").unlink()
+    (theirs / "tokenizer.pt.BR.json").write_text("{}")  # a translation's, for --src pt.BR: refused as well
+    dotted = invoke("train", "lm", "--text", text, "--out", theirs, *TINY)
+    assert dotted.exit_code == 2 and dotted.stderr.startswith(f"error: {theirs} holds tokenizer.pt.BR.json, by names")
+    (theirs / "tokenizer.pt.BR.json").unlink()  # a folder of other files takes a run beside them
     assert invoke("train", "lm", "--text", text, "--out", theirs, *TINY).exit_code == 0
     assert (theirs / "notes.txt").read_text() == "mine" and (theirs / "config.json").is_file()
     assert (theirs / "tokenizer_config.json").read_text() == "{}"

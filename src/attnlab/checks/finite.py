@@ -100,8 +100,8 @@ def check_finite_outputs(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResu
             bad = ~torch.isfinite(out.float())
             features = _masked_features(out, bad, mut.per_position) if bad.any() else set()
             masked = features if masked is None else masked
-            if features == masked and not (bad.any() and not features):
-                continue  # all finite, or -inf at every position of the same features as every other batch
+            if features == masked and (features or not bad.any()):
+                continue  # all finite, or -inf at every position of the same features as the other batches
             if not bad.any():  # the features -inf everywhere elsewhere are finite here: no masking by design
                 return CheckResult(NAME, "fail", f"seed {seed}: feature(s) {shown(sorted(masked))} are -inf at every "
                                    f"position of some batches but finite on the {what} (row 0: {shown(ids[0])}): -inf "

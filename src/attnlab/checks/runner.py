@@ -46,6 +46,9 @@ CHECKS: dict[str, CheckFn] = {
     "kv-cache": check_kv_cache,
 }
 
+#: The checks that compare two kernels (fused against written out, cached against whole), with a tolerance widened
+#: to a few epsilons of a half-precision output (:meth:`~attnlab.checks.compare.Tolerance.for_kernels`).
+KERNEL_COMPARING = ("inference-path", "kv-cache")
 #: The checks that compare two calls of the model, which random outputs in eval mode would fail for nothing.
 COMPARING = ("causal", "padding-invariance", "padding-content", "batch-independence", "order-sensitivity",
              "inference-path", "kv-cache")
@@ -91,10 +94,10 @@ def _rounding_noted(result: CheckResult, mut: ModelUnderTest) -> CheckResult:
     """``result``, a failed comparison of a half-precision output that differed by no more than the dtype's
     rounding, told that rounding alone may be the cause: a correct bfloat16 model failed padding-invariance by
     0.0156, blamed on its masks. A larger difference, or a failure that is no difference (outputs too alike, or
-    a layout), gets no such note. (``inference-path`` widens its own tolerance for such outputs; the others
-    compare one kernel on varied inputs and keep theirs.)"""
+    a layout), gets no such note, nor do the checks of :data:`KERNEL_COMPARING`, whose bound allows for rounding
+    already (the others compare one kernel on varied inputs and keep theirs)."""
     half = mut.output_dtype in (torch.bfloat16, torch.float16)
-    if not (half and result.failed and result.name in COMPARING and result.name != "inference-path"):
+    if not (half and result.failed and result.name in COMPARING and result.name not in KERNEL_COMPARING):
         return result
     diff, bound = result.evidence.get("max_diff"), result.evidence.get("bound")
     if not isinstance(diff, float) or not isinstance(bound, float) or not diff > bound:

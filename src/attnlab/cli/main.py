@@ -108,17 +108,18 @@ class _MainGroup(LazyGroup):
 def _utf8_stdout() -> None:
     """Write standard output in UTF-8 whatever the locale, as the commands read their text arguments and files:
     under ``LC_ALL=C`` Python's stdout is ASCII, and a prompt or translation holding 'é' ended in a
-    UnicodeEncodeError traceback halfway through the text."""
+    UnicodeEncodeError traceback halfway through the text. An encoding asked for (``PYTHONIOENCODING``) is kept;
+    so is the error handler (``surrogateescape`` there writes a path's undecodable bytes back as they were)."""
     stream = sys.stdout
     encoding = getattr(stream, "encoding", None)
-    if not encoding or not hasattr(stream, "reconfigure"):  # closed, or not a text stream of a file
+    if not encoding or not hasattr(stream, "reconfigure") or os.environ.get("PYTHONIOENCODING"):
         return
     try:
         utf8 = codecs.lookup(encoding).name == "utf-8"
     except LookupError:
         utf8 = False
     if not utf8:
-        stream.reconfigure(encoding="utf-8")
+        stream.reconfigure(encoding="utf-8", errors=stream.errors)
 
 
 def _out_of_memory(err: BaseException) -> str | None:

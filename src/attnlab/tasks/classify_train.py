@@ -37,7 +37,7 @@ from attnlab.tasks.classify_features import (
     wordllama_table,
 )
 from attnlab.tasks.classify_models import TextClassifier
-from attnlab.tasks.tables import Table, check_classes, read_table, split_off
+from attnlab.tasks.tables import Table, check_classes, read_table, refuse_a_number_written_twice, split_off
 from attnlab.training import TrainConfig, Trainer, distributed, seed_everything
 from attnlab.training.checkpoint import (
     RESULT,
@@ -224,6 +224,9 @@ def load_data(train_path: str | Path, valid_path: str | Path | None, settings: C
     known = set(labels)
     assert valid.labels is not None
     unseen = [i for i, lab in enumerate(valid.labels) if lab not in known]
+    # (1 in training and 1.0 in validation: the validation rows would all count as errors)
+    refuse_a_number_written_twice([*labels, *(valid.labels[i] for i in unseen)],
+                                  f"{train_path} and {valid_path or 'its held-out rows'}")
     if unseen and len(unseen) == len(valid.labels):  # validation would measure nothing: said before training
         kinds = sorted(set(valid.labels))
         own = (f" (the training rows' column {train.label_column!r} holds a different value in each row: is it the "

@@ -17,8 +17,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import random
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,9 +212,8 @@ def read_table(
         raise AttnlabError(f"{path}: {len(empty)} row(s) have an empty {text_column!r} (first: {_row_name(path, empty[0])})")
     labels = None
     if label_col is not None:
-        raw = [r.get(label_col) for r in rows]
-        labels = [_cell(value).strip() for value in raw]
-        _refuse_a_number_written_twice(raw, labels, path, label_col)
+        labels = [_cell(r.get(label_col)).strip() for r in rows]
+        refuse_a_number_written_twice(labels, f"{path}, column {label_col!r}")
         missing = [i for i, lab in enumerate(labels) if not lab]
         if missing:
             raise AttnlabError(f"{path}: {len(missing)} row(s) have no {label_col!r} label "
@@ -235,18 +236,23 @@ def _cell(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _refuse_a_number_written_twice(raw: list[object], labels: list[str], path: Path, column: str) -> None:
-    """Refuse JSON labels that are one number written two ways (1 and 1.0 made two classes of one). The labels
-    stay as written, as a CSV's do: a run trained on 1.0 predicts "1.0", and its files read the same either way."""
-    spellings: dict[object, set[str]] = {}
-    for value, label in zip(raw, labels):
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            spellings.setdefault(value, set()).add(label)  # (1 and 1.0 are one key: equal, with one hash)
+def refuse_a_number_written_twice(labels: Iterable[str], where: str) -> None:
+    """Refuse labels that are one number written two ways (``1`` and ``1.0``, ``1e2`` and ``100``), in one file or
+    across the training and validation files (``where`` says which): they made two classes of one, and rows of the
+    one counted as errors of the other. Labels stay as read otherwise: a run trained on 1.0 predicts "1.0"."""
+    spellings: dict[float, set[str]] = {}
+    for label in dict.fromkeys(labels):  # (in order of first appearance: the same message on every run)
+        try:
+            value = float(label)
+        except ValueError:
+            continue
+        if not math.isnan(value):
+            spellings.setdefault(value, set()).add(label)
     for written in spellings.values():
         if len(written) > 1:
             first, second = sorted(written)[:2]
-            raise AttnlabError(f"{path}: the {column!r} labels {first} and {second} are one number written two ways, "
-                               "which would make two classes; write each label one way")
+            raise AttnlabError(f"{where}: the labels {first} and {second} are one number written two ways, which "
+                               "would make two classes; write each label one way")
 
 
 def _row_name(path: Path, index: int) -> str:

@@ -256,9 +256,9 @@ def build_model(spec: dict[str, Any]) -> nn.Module:
         raise AttnlabError(f"model description in the config is not usable: {err}") from err
 
 
-#: A run's tokenizer: ``tokenizer.json``, or a translation's ``tokenizer.de.json`` (not Hugging Face's
-#: ``tokenizer_config.json``, which may stay beside a run).
-_TOKENIZER_NAME = re.compile(r"tokenizer(\.[^.]+)?\.json")
+#: A run's tokenizer: ``tokenizer.json``, or a translation's ``tokenizer.de.json`` (``tokenizer.pt.BR.json`` for
+#: ``--src pt.BR``), not Hugging Face's ``tokenizer_config.json``, which may stay beside a run.
+_TOKENIZER_NAME = re.compile(r"tokenizer(\..+)?\.json")
 
 
 def why_run_folder_taken(out: str | Path, task: str) -> str | None:
