@@ -108,9 +108,13 @@ def test_a_json_number_label_written_two_ways_is_refused_and_labels_stay_as_writ
     with pytest.raises(AttnlabError, match=r"n.jsonl, column 'label': the labels 0 and 0.0 are one number "
                                            r"written two ways"):
         read_table(tmp_path / "n.jsonl")
-    (tmp_path / "e.csv").write_text("text,label\na,1e2\nb,100\nc,7\n")  # a CSV's too, however written
-    with pytest.raises(AttnlabError, match=r"e.csv, column 'label': the labels 100 and 1e2 are one number"):
-        read_table(tmp_path / "e.csv")
+    # A CSV's cells are text: section 1.1 and 1.10, codes 01 and 1, are other labels (a first version refused them).
+    (tmp_path / "e.csv").write_text("text,label\na,1.1\nb,1.10\nc,01\nd,1\ne,1e2\nf,100\n")
+    assert read_table(tmp_path / "e.csv").labels == ["1.1", "1.10", "01", "1", "1e2", "100"]
+    # JSON numbers are compared exactly: long ids a float would round together stay two classes.
+    ids = [9007199254740992, 9007199254740993]
+    (tmp_path / "ids.jsonl").write_text("".join(json.dumps({"text": "t", "label": v}) + "\n" for v in ids))
+    assert read_table(tmp_path / "ids.jsonl").labels == ["9007199254740992", "9007199254740993"]
     values = (0.5, 2.0, "2.0", True, 1e23)
     (tmp_path / "f.jsonl").write_text("".join(json.dumps({"text": "t", "label": v}) + "\n" for v in values))
     assert read_table(tmp_path / "f.jsonl").labels == ["0.5", "2.0", "2.0", "true", "1e+23"]

@@ -93,6 +93,10 @@ class _MainGroup(LazyGroup):
             # SIGPIPE's status; stdout goes to /dev/null so that Python's own flush at exit fails no more.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             ctx.exit(128 + signal.SIGPIPE)
+        except UnicodeEncodeError as err:  # text the output's encoding cannot hold (PYTHONIOENCODING=ascii, say)
+            _error(f"standard output cannot hold {err.object[err.start:err.end]!r} in {err.encoding}: give it an "
+                   "encoding that can (PYTHONIOENCODING=utf-8, or a UTF-8 locale)")
+            ctx.exit(2)
         except OSError as err:  # a path that does not exist, a folder we may not write...
             where = f": {err.filename}" if getattr(err, "filename", None) else ""
             _error(f"{err.strerror or err}{where}")
@@ -108,11 +112,13 @@ class _MainGroup(LazyGroup):
 def _utf8_stdout() -> None:
     """Write standard output in UTF-8 whatever the locale, as the commands read their text arguments and files:
     under ``LC_ALL=C`` Python's stdout is ASCII, and a prompt or translation holding 'é' ended in a
-    UnicodeEncodeError traceback halfway through the text. An encoding asked for (``PYTHONIOENCODING``) is kept;
-    so is the error handler (``surrogateescape`` there writes a path's undecodable bytes back as they were)."""
+    UnicodeEncodeError traceback halfway through the text. An encoding asked for (``PYTHONIOENCODING=latin-1``)
+    is kept; so is the error handler (``surrogateescape`` there writes a path's undecodable bytes back as they
+    were, and ``PYTHONIOENCODING=:strict`` names a handler alone)."""
     stream = sys.stdout
     encoding = getattr(stream, "encoding", None)
-    if not encoding or not hasattr(stream, "reconfigure") or os.environ.get("PYTHONIOENCODING"):
+    asked = os.environ.get("PYTHONIOENCODING", "").partition(":")[0]
+    if not encoding or not hasattr(stream, "reconfigure") or asked:
         return
     try:
         utf8 = codecs.lookup(encoding).name == "utf-8"

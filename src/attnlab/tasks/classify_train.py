@@ -225,8 +225,7 @@ def load_data(train_path: str | Path, valid_path: str | Path | None, settings: C
     assert valid.labels is not None
     unseen = [i for i, lab in enumerate(valid.labels) if lab not in known]
     # (1 in training and 1.0 in validation: the validation rows would all count as errors)
-    refuse_a_number_written_twice([*labels, *(valid.labels[i] for i in unseen)],
-                                  f"{train_path} and {valid_path or 'its held-out rows'}")
+    refuse_a_number_written_twice({**train.label_numbers, **valid.label_numbers}, f"{train_path} and {valid_path}" if valid_path else str(train_path))
     if unseen and len(unseen) == len(valid.labels):  # validation would measure nothing: said before training
         kinds = sorted(set(valid.labels))
         own = (f" (the training rows' column {train.label_column!r} holds a different value in each row: is it the "

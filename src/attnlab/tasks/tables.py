@@ -17,11 +17,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import random
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab.errors import AttnlabError
@@ -47,6 +45,8 @@ class Table:
         path: where it came from.
         columns: the columns the file has, in order.
         text_column, label_column: the columns used.
+        label_numbers: the labels that were JSON numbers, with the number each stands for (a CSV has none: its
+            cells are text, "1.1" and "1.10" two section labels).
     """
 
     texts: list[str]
@@ -55,6 +55,7 @@ class Table:
     columns: list[str]
     text_column: str
     label_column: str | None
+    label_numbers: dict[str, int | float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -63,7 +64,7 @@ class Table:
         """The rows ``index`` as a new table (``name`` describes it in messages)."""
         labels = None if self.labels is None else [self.labels[i] for i in index]
         return Table([self.texts[i] for i in index], labels, Path(name), self.columns, self.text_column,
-                     self.label_column)
+                     self.label_column, self.label_numbers)
 
 
 def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
@@ -212,13 +213,16 @@ def read_table(
         raise AttnlabError(f"{path}: {len(empty)} row(s) have an empty {text_column!r} (first: {_row_name(path, empty[0])})")
     labels = None
     if label_col is not None:
-        labels = [_cell(r.get(label_col)).strip() for r in rows]
-        refuse_a_number_written_twice(labels, f"{path}, column {label_col!r}")
+        raw = [r.get(label_col) for r in rows]
+        labels = [_cell(value).strip() for value in raw]
+        numbers = {label: value for label, value in zip(labels, raw)
+                   if isinstance(value, int | float) and not isinstance(value, bool)}
+        refuse_a_number_written_twice(numbers, f"{path}, column {label_col!r}")
         missing = [i for i, lab in enumerate(labels) if not lab]
         if missing:
             raise AttnlabError(f"{path}: {len(missing)} row(s) have no {label_col!r} label "
                                f"(first: {_row_name(path, missing[0])})")
-    return Table(texts, labels, path, columns, text_column, label_col)
+    return Table(texts, labels, path, columns, text_column, label_col, numbers if label_col is not None else {})
 
 
 def _refuse_twice(columns: list[str], column: str, path: Path) -> None:
@@ -236,23 +240,24 @@ def _cell(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def refuse_a_number_written_twice(labels: Iterable[str], where: str) -> None:
-    """Refuse labels that are one number written two ways (``1`` and ``1.0``, ``1e2`` and ``100``), in one file or
-    across the training and validation files (``where`` says which): they made two classes of one, and rows of the
-    one counted as errors of the other. Labels stay as read otherwise: a run trained on 1.0 predicts "1.0"."""
-    spellings: dict[float, set[str]] = {}
-    for label in dict.fromkeys(labels):  # (in order of first appearance: the same message on every run)
-        try:
-            value = float(label)
-        except ValueError:
-            continue
-        if not math.isnan(value):
-            spellings.setdefault(value, set()).add(label)
+def refuse_a_number_written_twice(numbers: dict[str, int | float], where: str) -> None:
+    """Refuse JSON labels that are one number written two ways (``1`` and ``1.0``), in one file or across the
+    training and validation files (``where`` says which): they made two classes of one, and rows of the one
+    counted as errors of the other. ``numbers``: each label that was a JSON number, and that number (compared
+    exactly: distinct long ids stay distinct). Labels stay as read otherwise: a run trained on 1.0 predicts "1.0"."""
+    spellings: dict[int | float, list[str]] = {}
+    for label, value in numbers.items():
+        spellings.setdefault(value, []).append(label)  # (1 and 1.0 are one key: equal, with one hash)
     for written in spellings.values():
         if len(written) > 1:
-            first, second = sorted(written)[:2]
+            first, second = (_short(label) for label in sorted(written)[:2])
             raise AttnlabError(f"{where}: the labels {first} and {second} are one number written two ways, which "
                                "would make two classes; write each label one way")
+
+
+def _short(label: str, most: int = 40) -> str:
+    """``label`` for a message: a very long one cut in the middle."""
+    return label if len(label) <= most else f"{label[:most // 2]}...{label[-most // 2:]}"
 
 
 def _row_name(path: Path, index: int) -> str:
