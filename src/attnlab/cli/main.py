@@ -93,10 +93,6 @@ class _MainGroup(LazyGroup):
             # SIGPIPE's status; stdout goes to /dev/null so that Python's own flush at exit fails no more.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             ctx.exit(128 + signal.SIGPIPE)
-        except UnicodeEncodeError as err:  # text the output's encoding cannot hold (PYTHONIOENCODING=ascii, say)
-            _error(f"standard output cannot hold {err.object[err.start:err.end]!r} in {err.encoding}: give it an "
-                   "encoding that can (PYTHONIOENCODING=utf-8, or a UTF-8 locale)")
-            ctx.exit(2)
         except OSError as err:  # a path that does not exist, a folder we may not write...
             where = f": {err.filename}" if getattr(err, "filename", None) else ""
             _error(f"{err.strerror or err}{where}")
