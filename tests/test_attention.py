@@ -140,12 +140,15 @@ def test_cross_attention_batch_mismatch_is_an_error_not_a_broadcast():
         MultiHeadAttention(16, 2)(x, memory)
     with pytest.raises(AttnlabError, match="x has batch 1 but memory has batch 2"):
         DecoderLayer(16, 2, 32)(x, torch.randn(2, 5, 16))
-    # Equal batches, a (1, 1, 1, src) mask that broadcasts, and a cached decoding step still work.
+    # Equal batches, a (batch, 1, 1, src) mask, and a cached decoding step still work; a (1, 1, 1, src) mask is
+    # refused: one row's source padding would be spread over every row.
     layer = DecoderLayer(16, 2, 32).eval()
     memory = torch.randn(3, 5, 16)
     with torch.no_grad():
-        out, _, _ = layer(torch.randn(3, 4, 16), memory, memory_attend_mask=torch.ones(1, 1, 1, 5, dtype=torch.bool))
+        out, _, _ = layer(torch.randn(3, 4, 16), memory, memory_attend_mask=torch.ones(3, 1, 1, 5, dtype=torch.bool))
         assert out.shape == (3, 4, 16)
+        with pytest.raises(AttnlabError, match="memory_attend_mask has a batch of 1, the memory a batch of 3"):
+            layer(torch.randn(3, 4, 16), memory, memory_attend_mask=torch.ones(1, 1, 1, 5, dtype=torch.bool))
         self_cache, memory_cache = KVCache(), KVCache()
         for _ in range(2):
             out, _, _ = layer(torch.randn(3, 1, 16), memory, self_cache=self_cache, memory_cache=memory_cache)

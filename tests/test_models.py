@@ -17,7 +17,8 @@ from attnlab.nn import (
     causal_mask,
     padding_mask,
 )
-from attnlab.nn.attention import KVCache
+from attnlab.nn.attention import KVCache, MultiHeadAttention
+from attnlab.nn.layers import FeedForward
 from attnlab.nn.masks import cached_causal_mask
 from attnlab.nn.positions import RotaryEmbedding
 from attnlab.presets import build_preset
@@ -396,6 +397,25 @@ def test_tied_and_shared_embeddings():
     (lambda: Transformer(20, 22, 8, 1, 2, 16, max_src_positions=0), "max_positions must be a whole number >= 1"),
     (lambda: EncoderClassifier(20, 0), "num_classes must be a whole number >= 1, got 0"),
     (lambda: Transformer(20, 22, 8, 1, 2, 16, dropout=2.0), "dropout must be a probability between 0 and 1, got 2.0"),
+    # Sizes before torch sees them (torch's own "negative dimension" or "argument 'size'" errors), the width of
+    # every model and of the feed-forward too, and the vocabularies before the pad id is compared with them.
+    (lambda: DecoderLM(10, d_model=-8), "d_model must be a whole number >= 1, got -8"),
+    (lambda: Transformer(10, 10, d_model="4"), "d_model must be a whole number >= 1, got '4'"),
+    (lambda: EncoderClassifier(20, 3, d_model=0), "d_model must be a whole number >= 1, got 0"),
+    (lambda: FeedForward(0, 4), "d_model must be a whole number >= 1, got 0"),
+    (lambda: FeedForward(4, 4, activation=["relu"]), r"unknown activation \['relu'\]"),
+    (lambda: Transformer("30", 35), "src_vocab_size must be a whole number >= 1, got '30'"),
+    (lambda: Transformer(30, None), "tgt_vocab_size must be a whole number >= 1, got None"),
+    (lambda: EncoderClassifier(0, 3), "vocab_size must be a whole number >= 1, got 0"),
+    (lambda: DecoderLM(0), "vocab_size must be a whole number >= 1, got 0"),
+    # A layer norm's epsilon <= 0 gives NaN outputs; a JSON config's "false" is a true value to Python.
+    (lambda: EncoderLayer(4, 2, 8, eps=-1.0), "eps must be a finite number > 0, got -1.0"),
+    (lambda: Transformer(20, 20, 8, 1, 2, 8, eps="1e-6"), "eps must be a finite number > 0"),
+    (lambda: Transformer(20, 20, 8, 1, 2, 8, tie_output="false"), "tie_output must be true or false, got 'false'"),
+    (lambda: Transformer(20, 20, 8, 1, 2, 8, share_embeddings=1), "share_embeddings must be true or false, got 1"),
+    (lambda: DecoderLM(20, 8, 1, 2, norm_first="no"), "norm_first must be true or false"),
+    (lambda: DecoderLM(20, 8, 0, 2, bias="no"), "bias must be true or false"),  # (no layer reads it: the final norm)
+    (lambda: EncoderClassifier(20, 3, 8, 1, 2, 16, scale_embedding="no"), "scale must be true or false"),
 ])
 def test_models_that_cannot_be_built_as_asked_are_refused(make, message):
     with pytest.raises(AttnlabError, match=message):
@@ -534,3 +554,47 @@ def test_masked_mean_takes_its_padding_mask_by_keyword_and_refuses_one_of_anothe
         masked_mean(states, attend_mask=torch.tensor([[True, True, False]]))
     with pytest.raises(AttnlabError, match="a mask of batch 1 for states of batch 2"):
         masked_mean(states.expand(2, 3, 1), attend_mask=keep)  # one row's padding spread over both
+
+
+def test_a_memory_mask_of_one_row_is_refused_for_a_batch_of_several():
+    # Broadcast, the first row's source padding would hide the same keys of every row: plausible, wrong numbers.
+    model = Transformer(20, 20, d_model=8, num_layers=1, num_heads=2, d_ff=8).eval()
+    src, tgt = torch.tensor([[3, 4, 0, 0], [5, 6, 7, 8]]), torch.tensor([[1, 2], [1, 2]])
+    memory, mask = model.encode(src)
+    model.decode(tgt, memory, memory_attend_mask=mask)  # the whole batch's mask: fine
+    with pytest.raises(AttnlabError, match="memory_attend_mask has a batch of 1, the memory a batch of 2"):
+        model.decode(tgt, memory, memory_attend_mask=mask[:1])
+
+
+def test_rotary_positions_keep_to_the_context_without_layers_too():
+    model = DecoderLM(20, d_model=8, num_heads=2, num_layers=0, max_positions=4, positions="rotary")
+    model(torch.ones(1, 4, dtype=torch.long))
+    with pytest.raises(AttnlabError, match="sequence reaches position 9 but the model's context is 4 positions"):
+        model(torch.ones(1, 10, dtype=torch.long))
+
+
+def test_caches_of_another_kind_are_named_before_they_are_read():
+    lm = DecoderLM(20, d_model=8, num_layers=2, num_heads=2)
+    seq2seq = Transformer(20, 20, d_model=8, num_layers=2, num_heads=2, d_ff=8)
+    ids = torch.ones(1, 2, dtype=torch.long)
+    with pytest.raises(AttnlabError, match="caches must be a list of KVCache objects, one a layer.*got a list of tuple"):
+        lm(ids, caches=seq2seq.new_caches())
+    memory, mask = seq2seq.encode(ids)
+    with pytest.raises(AttnlabError, match=r"caches must be a list of \(self-attention, cross-attention\) pairs.*"
+                                           "got a list of KVCache"):
+        seq2seq.decode(ids, memory, memory_attend_mask=mask, caches=lm.new_caches())
+    with pytest.raises(AttnlabError, match="got a KVCache"):
+        lm(ids, caches=KVCache())
+    with pytest.raises(AttnlabError, match="cache must be a KVCache"):
+        MultiHeadAttention(8, 2)(torch.ones(1, 2, 8), cache=[])
+
+
+def test_a_cache_reorders_only_by_row_numbers_it_holds():
+    cache = KVCache()
+    cache.append(torch.arange(2.0).view(2, 1, 1, 1), torch.arange(2.0).view(2, 1, 1, 1))
+    with pytest.raises(AttnlabError, match=r"row numbers must be 0..1 \(the cache holds 2 rows\), got 5..5"):
+        cache.reorder(torch.tensor([5]))
+    with pytest.raises(AttnlabError, match="got torch.bool of shape"):
+        cache.reorder(torch.tensor([True, False]))
+    cache.reorder(torch.tensor([1, 1, 0]))
+    assert cache.k.flatten().tolist() == [1.0, 1.0, 0.0]

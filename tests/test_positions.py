@@ -115,6 +115,7 @@ def test_rotary_turns_pair_2j_2j_plus_1_by_position_times_base_to_the_minus_2j_o
     (lambda: LearnedPositions(4, 6)(2, offset=False), "got False as the offset"),
     (lambda: RotaryEmbedding(4, 8)(torch.ones(1, 1, 3, 2)), r"rotates \(..., seq, 4\) queries and keys, got shape \(1, 1, 3, 2\)"),
     (lambda: RotaryEmbedding(4, 8)(torch.ones(1, 1, 3, 6)), r"got shape \(1, 1, 3, 6\)"),
+    (lambda: RotaryEmbedding(4, 8, base=0.0), "base must be a finite number > 0, got 0.0"),  # NaN tables otherwise
 ])
 def test_position_modules_refuse_sizes_that_are_not_whole_numbers_and_inputs_of_another_width(make, message):
     with pytest.raises(AttnlabError, match=message):
@@ -132,3 +133,13 @@ def test_sizes_given_as_numpy_integers_are_whole_numbers():
         SinusoidalPositions(150, 8)(np.int8(100), np.int8(100))  # (100 + 100 wraps around in int8)
     with pytest.raises(AttnlabError, match="got np.True_ as the offset"):
         SinusoidalPositions(8, 4)(2, np.True_)
+
+
+def test_tables_in_float64_are_computed_in_float64_not_widened_from_float32():
+    # .double() used to widen the float32 table: 3e-8 off the formula (rotary 8e-8) where float64 is exact.
+    sinusoidal = SinusoidalPositions(64, 8).double()
+    assert torch.equal(sinusoidal(64), sinusoidal_encoding(64, 8, torch.float64))
+    rotary = RotaryEmbedding(8, 64).double()
+    angles = torch.arange(64, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    assert torch.equal(rotary.cos, torch.cos(angles)) and torch.equal(rotary.sin, torch.sin(angles))
+    assert torch.equal(rotary.float().cos, torch.cos(angles).float())  # and back

@@ -8,6 +8,7 @@ prints its message as one line with exit status 2, never a stack trace.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 
@@ -40,6 +41,22 @@ def check_probability(name: str, value: object) -> float:
     says so only at the first forward, or not at all (NaN)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:  # (numpy's too)
         raise AttnlabError(f"{name} must be a probability between 0 and 1, got {value!r}")
+    return float(value)
+
+
+def check_flag(name: str, value: object) -> bool:
+    """Return ``value`` if it is a ``bool``, else raise :class:`AttnlabError`: a hand-edited JSON config's
+    ``"false"`` is a true value to Python and would silently switch the option on."""
+    if not isinstance(value, bool):
+        raise AttnlabError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def check_positive(name: str, value: object) -> float:
+    """Return ``value`` if it is a finite real number > 0 (numpy's too), else raise :class:`AttnlabError`: a
+    layer norm's epsilon <= 0 or a rotary base <= 0 give NaN outputs, not an error."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+        raise AttnlabError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
 
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.errors import AttnlabError, check_count, check_probability, whole_number
-from attnlab.nn.masks import check_attend_mask
+from attnlab.nn.masks import check_attend_mask, values_unreadable
 from attnlab.nn.positions import RotaryEmbedding
 
 
@@ -229,7 +229,14 @@ class KVCache:
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index``, (rows,) long (beam search reorders hypotheses between steps)."""
+        if not isinstance(index, Tensor) or index.dim() != 1 or index.dtype not in (torch.int64, torch.int32):
+            given = f"{index.dtype} of shape {tuple(index.shape)}" if isinstance(index, Tensor) else type(index).__name__
+            raise AttnlabError(f"reorder takes a (rows,) tensor of row numbers (int64), got {given}")
         if self.k is not None and self.v is not None:
+            rows = self.k.shape[0]
+            if index.numel() and not values_unreadable(index) and not (0 <= int(index.min()) and int(index.max()) < rows):
+                raise AttnlabError(f"reorder: row numbers must be 0..{rows - 1} (the cache holds {rows} rows), got "
+                                   f"{index.min().item()}..{index.max().item()}")
             self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
 
 
@@ -378,6 +385,8 @@ class MultiHeadAttention(nn.Module):
                 :func:`~attnlab.nn.masks.check_attend_mask`).
         """
         check_attention_inputs(x, memory, self.d_model)
+        if cache is not None and not isinstance(cache, KVCache):
+            raise AttnlabError(f"cache must be a KVCache (or None), got a {type(cache).__name__}")
         # A step refused once the cache has grown (a mask that does not fit the scores) leaves it as it was.
         with restored_on_error([cache] if cache is not None else []):
             q, k, v = self._queries_keys_values(x, memory, cache)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError, check_count
+from attnlab.errors import AttnlabError, check_count, check_flag, check_positive
 from attnlab.nn.attention import KVCache, MultiHeadAttention, check_attention_inputs, restored_on_error
 from attnlab.nn.positions import RotaryEmbedding
 
@@ -31,7 +31,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu", bias: bool = True) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
+        check_count("d_model", d_model)
+        if not isinstance(activation, str) or activation not in ACTIVATIONS:
             raise AttnlabError(f"unknown activation {activation!r}; use {' or '.join(ACTIVATIONS)}")
         check_count("d_ff", d_ff)  # 0 would build empty matrices and silently add nothing to the residual
         self.up = nn.Linear(d_model, d_ff, bias=bias)
@@ -47,9 +48,9 @@ class _Residual(nn.Module):
 
     def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float, bias: bool = True) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=eps, bias=bias)
+        self.norm = nn.LayerNorm(d_model, eps=check_positive("eps", eps), bias=check_flag("bias", bias))
         self.dropout = nn.Dropout(dropout)
-        self.norm_first = norm_first
+        self.norm_first = check_flag("norm_first", norm_first)
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         if self.norm_first:
@@ -169,13 +170,14 @@ class DecoderLayer(nn.Module):
             memory: (batch, src, d_model) encoder output.
             self_attend_mask: (batch or 1, heads or 1, tgt or 1, keys) bool, usually causal plus target
                 padding; keys is tgt, or the cached positions plus tgt when decoding with ``self_cache``.
-            memory_attend_mask: (batch or 1, heads or 1, tgt or 1, src) bool, usually the
-                (batch, 1, 1, src) padding mask of the source ids.
+            memory_attend_mask: (batch, heads or 1, tgt or 1, src) bool, usually the (batch, 1, 1, src)
+                padding mask of the source ids: one row for each memory row, since a mask of one row would
+                spread that row's padding over the whole batch.
             need_weights: also return both attention weight tensors.
             self_cache, memory_cache: caches for incremental decoding.
 
         Returns:
-            (batch, tgt, d_model), self-attention weights (batch, heads, tgt, tgt) and cross-attention
+            (batch, tgt, d_model), self-attention weights (batch, heads, tgt, keys) (keys as above) and cross-attention
             weights (batch, heads, tgt, src), the weights None unless asked for.
         """
         # Up front, before the self-attention runs: with norm_first the LayerNorm sees x first and would
@@ -185,6 +187,11 @@ class DecoderLayer(nn.Module):
             raise AttnlabError("a decoder layer needs memory, the encoder's (batch, src, d_model) output, got None; "
                                "a decoder-only model stacks self-attention layers (EncoderLayer with a causal mask)")
         check_attention_inputs(x, memory, self.self_attn.d_model)
+        if isinstance(memory_attend_mask, Tensor) and memory_attend_mask.dim() == 4 \
+                and memory_attend_mask.shape[0] != memory.shape[0]:  # (the attention allows 1 for causal masks)
+            raise AttnlabError(f"memory_attend_mask has a batch of {memory_attend_mask.shape[0]}, the memory a batch of "
+                               f"{memory.shape[0]}: the source's padding differs from row to row, so the mask needs "
+                               "one row for each (padding_mask(src) of the whole batch)")
         self_w: Tensor | None = None
         cross_w: Tensor | None = None
 

@@ -278,7 +278,8 @@ def from_torch_attn_mask(attn_mask: Tensor, *, num_heads: int | None = None) -> 
         return _from_torch_mask(attn_mask, "from_torch_attn_mask")[None, None]
     if attn_mask.dim() == 3:
         rows = attn_mask.shape[0]
-        if num_heads is None or num_heads < 1 or rows % num_heads:
+        if (isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1  # (True is not 1 head)
+                or rows % num_heads):
             raise AttnlabError(
                 f"from_torch_attn_mask: a 3-D attn_mask is (batch * num_heads, queries, keys), got shape "
                 f"{tuple(attn_mask.shape)} with num_heads={num_heads}; pass the model's num_heads "

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError, check_count
+from attnlab.errors import AttnlabError, check_count, check_flag
 from attnlab.nn.attention import KVCache, restored_on_error
 from attnlab.nn.masks import (
     cached_causal_mask,
@@ -28,7 +28,7 @@ from attnlab.nn.masks import (
     padding_mask,
     values_unreadable,
 )
-from attnlab.nn.stacks import Decoder, Encoder, PositionKind, check_id_batch
+from attnlab.nn.stacks import Decoder, Encoder, PositionKind, check_cache_list, check_id_batch
 
 
 def refuse_cached_padding(ids: Tensor, pad_id: int) -> None:
@@ -120,7 +120,11 @@ class Transformer(_Model):
     ) -> None:
         super().__init__()
         self.config = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        check_count("src_vocab_size", src_vocab_size)  # (before the pad id is compared with them)
+        check_count("tgt_vocab_size", tgt_vocab_size)
         self.pad_id = check_pad_id(pad_id, min(src_vocab_size, tgt_vocab_size), "both vocabularies")
+        check_flag("share_embeddings", share_embeddings)  # a JSON config's "false" would be true
+        check_flag("tie_output", tie_output)
         common = dict(dropout=dropout, head_dim=head_dim, norm_first=norm_first, eps=eps, positions=positions)
         self.encoder = Encoder(src_vocab_size, d_model, num_layers, num_heads, d_ff, max_positions=max_src_positions, **common)
         self.decoder = Decoder(
@@ -176,6 +180,7 @@ class Transformer(_Model):
         if caches is None:
             self_mask = decoder_self_mask(tgt, self.pad_id)
         else:
+            check_cache_list(caches, pairs=True)  # before its first entry is read as the offset
             refuse_cached_padding(tgt, self.pad_id)
             self_mask = cached_causal_mask(tgt.shape[1], len(caches[0][0]) if caches else 0, device=tgt.device)
         with restored_on_error(caches or []):  # the output layer's step too (see DecoderLM.forward)
@@ -242,6 +247,7 @@ class EncoderClassifier(_Model):
     ) -> None:
         super().__init__()
         self.config = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        check_count("vocab_size", vocab_size)  # (before the pad id is compared with it)
         self.pad_id = check_pad_id(pad_id, vocab_size, "the vocabulary")
         check_count("num_classes", num_classes)
         self.encoder = Encoder(
@@ -310,7 +316,9 @@ class DecoderLM(_Model):
     ) -> None:
         super().__init__()
         self.config = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        check_count("vocab_size", vocab_size)  # (before the pad id is compared with it)
         self.pad_id = None if pad_id is None else check_pad_id(pad_id, vocab_size, "the vocabulary (or None)")
+        check_flag("tie_output", tie_output)  # a JSON config's "false" would be true
         self.max_positions = max_positions
         self.body = Encoder(
             vocab_size, d_model, num_layers, num_heads, 4 * d_model if d_ff is None else d_ff, max_positions=max_positions,
@@ -368,6 +376,7 @@ class DecoderLM(_Model):
             mask = causal_mask(ids.shape[1], device=ids.device) if self.pad_id is None else decoder_self_mask(
                 ids, self.pad_id)
         else:  # cached decoding never feeds padding
+            check_cache_list(caches, pairs=False)  # before its first entry is read as the offset
             # (an empty list reaches the stack, which names the number of caches it needs)
             mask = cached_causal_mask(ids.shape[1], len(caches[0]) if caches else 0, device=ids.device)
         # The output layer inside too: out of memory or Ctrl-C there would leave the step in every cache.

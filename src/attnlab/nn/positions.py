@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError, check_count, whole_number
+from attnlab.errors import AttnlabError, check_count, check_positive, whole_number
 
 
 def sinusoidal_angles(num_positions: int, d: int) -> Tensor:
@@ -78,7 +78,21 @@ def _check_span(length: int, offset: int, max_positions: int, what: str) -> tupl
     return length, offset
 
 
-class SinusoidalPositions(nn.Module):
+class _ComputedTable(nn.Module):
+    """A module whose buffers are computed from its arguments (not saved): when ``.double()`` or ``.to(dtype)``
+    changes their dtype, they are computed again in it, so that a float64 model holds float64-exact tables and
+    not float32 values widened. Subclasses define ``reset_parameters`` to compute them in the buffers' dtype."""
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]  # (torch's signature)
+        before = [buffer.dtype for buffer in self.buffers(recurse=False)]
+        super()._apply(fn, recurse)
+        after = list(self.buffers(recurse=False))
+        if [buffer.dtype for buffer in after] != before and not any(buffer.is_meta for buffer in after):
+            self.reset_parameters()  # type: ignore[operator]
+        return self
+
+
+class SinusoidalPositions(_ComputedTable):
     """A precomputed sinusoidal table, sliced to the sequence length. Holds no parameters.
 
     Args:
@@ -96,7 +110,7 @@ class SinusoidalPositions(nn.Module):
         """Compute the table again, in place (torch's convention for a model built on the ``meta`` device:
         ``to_empty`` leaves every buffer uninitialised, and loading weights does not restore this one)."""
         with torch.no_grad():
-            self.table.copy_(sinusoidal_encoding(self.max_positions, self.d))
+            self.table.copy_(sinusoidal_encoding(self.max_positions, self.d, self.table.dtype))
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         """Encodings of positions ``offset .. offset + length - 1``: (length, d)."""
@@ -123,7 +137,7 @@ class LearnedPositions(nn.Module):
         return self.table.weight[offset : offset + length]
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(_ComputedTable):
     """Rotary position embedding, applied to queries and keys inside attention.
 
     Each pair of dimensions ``(2j, 2j + 1)`` of a head is rotated by the angle ``pos * base^(-2j/h)``.
@@ -142,20 +156,21 @@ class RotaryEmbedding(nn.Module):
         check_count("max_positions", max_positions)
         if head_dim % 2:
             raise AttnlabError(f"rotary embedding needs an even head width, got {head_dim}")
-        self.head_dim, self.max_positions, self.base = head_dim, max_positions, base
-        cos, sin = self._tables()
+        # base <= 0 would fill the tables with NaN and infinities
+        self.head_dim, self.max_positions, self.base = head_dim, max_positions, check_positive("base", base)
+        cos, sin = self._tables(torch.float32)
         self.register_buffer("cos", cos, persistent=False)  # (P, head_dim/2)
         self.register_buffer("sin", sin, persistent=False)
 
-    def _tables(self) -> tuple[Tensor, Tensor]:
-        """The (max_positions, head_dim/2) float32 cosines and sines, computed in float64."""
+    def _tables(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """The (max_positions, head_dim/2) cosines and sines in ``dtype``, computed in float64."""
         inv_freq = self.base ** (-torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
         angles = torch.arange(self.max_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
-        return torch.cos(angles).float(), torch.sin(angles).float()
+        return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
 
     def reset_parameters(self) -> None:
         """Compute the tables again, in place (see :meth:`SinusoidalPositions.reset_parameters`)."""
-        cos, sin = self._tables()
+        cos, sin = self._tables(self.cos.dtype)
         with torch.no_grad():
             self.cos.copy_(cos)
             self.sin.copy_(sin)

@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError, check_count, check_probability
+from attnlab.errors import AttnlabError, check_count, check_flag, check_positive, check_probability
 from attnlab.nn.attention import KVCache, head_width, restored_on_error
 from attnlab.nn.layers import DecoderLayer, EncoderLayer
 from attnlab.nn.masks import values_unreadable
@@ -49,10 +49,35 @@ def _check_distinct(caches: list[KVCache]) -> None:
                            "own: use model.new_caches()")
 
 
+def check_cache_list(caches: object, *, pairs: bool) -> None:
+    """Refuse ``caches`` that is not what ``model.new_caches()`` makes: a list of :class:`KVCache`, one a layer,
+    or with ``pairs`` (the encoder-decoder) of (self-attention, cross-attention) pairs of them, the second may be
+    None. Another model's caches would otherwise fail deep inside with a Python error, or be read as an offset."""
+    def fits(item: object) -> bool:
+        if not pairs:
+            return isinstance(item, KVCache)
+        return (isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], KVCache)
+                and (item[1] is None or isinstance(item[1], KVCache)))
+
+    if not isinstance(caches, list | tuple) or not all(fits(item) for item in caches):
+        want = "(self-attention, cross-attention) pairs of KVCache" if pairs else "KVCache objects"
+        raise AttnlabError(f"caches must be a list of {want}, one a layer, as this model's new_caches() makes; got "
+                           f"{_describe(caches)}")
+
+
+def _describe(caches: object) -> str:
+    """What ``caches`` is, in a few words: its type, and for a list the types of its entries."""
+    if not isinstance(caches, list | tuple):
+        return f"a {type(caches).__name__}"
+    kinds = sorted({type(item).__name__ for item in caches})
+    return f"a {type(caches).__name__} of {', '.join(kinds)}" if kinds else f"an empty {type(caches).__name__}"
+
+
 def _check_caches(caches: list[KVCache] | None, layers: int, ids: Tensor) -> None:
     """One (self-attention) cache per layer, holding the batch that ``ids`` continues."""
     if caches is None:
         return
+    check_cache_list(caches, pairs=False)
     if layers == 0:  # the caches are what count the positions already seen; with no layer, nothing would
         raise AttnlabError("a stack without layers keeps no caches, so it cannot decode incrementally; call it "
                            "on the whole sequence instead")
@@ -93,6 +118,7 @@ class Embedder(nn.Module):
     ) -> None:
         super().__init__()
         check_count("vocab_size", vocab_size)
+        check_count("d_model", d_model)
         check_count("max_positions", max_positions)  # 0 would refuse every input, at the first forward
         self.vocab_size, self.max_positions, self.kind = vocab_size, max_positions, positions
         self.tokens = nn.Embedding(vocab_size, d_model)
@@ -105,7 +131,7 @@ class Embedder(nn.Module):
             self.positions = None
         else:
             raise AttnlabError(f"unknown position kind {positions!r}; use sinusoidal, learned, rotary or none")
-        self.scale = embedding_scale(d_model) if scale else 1.0
+        self.scale = embedding_scale(d_model) if check_flag("scale", scale) else 1.0
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
@@ -115,7 +141,7 @@ class Embedder(nn.Module):
         x = self.tokens(ids) * self.scale
         if self.positions is not None:  # rotary positions are applied (and checked) inside attention
             x = x + self.positions(ids.shape[1], offset)
-        elif self.kind == "none" and offset + ids.shape[1] > self.max_positions:  # the context holds all the same
+        elif offset + ids.shape[1] > self.max_positions:  # no table to refuse it (rotary: also with no layers)
             raise AttnlabError(f"sequence reaches position {offset + ids.shape[1] - 1} but the model's context is "
                                f"{self.max_positions} positions (max_positions={self.max_positions}); truncate the "
                                "input or build the model with a longer context")
@@ -165,7 +191,11 @@ class _Stack(nn.Module):
         if positions == "rotary":  # rotary positions live inside self-attention, one table shared by the layers
             layer["rotary"] = RotaryEmbedding(head_width(d_model, num_heads, head_dim), max_positions)
         self.layers = nn.ModuleList(self.layer_class(d_model, num_heads, d_ff, **layer) for _ in range(num_layers))
-        self.final_norm = nn.LayerNorm(d_model, eps=eps, bias=bias) if norm_first else nn.Identity()
+        # (checked here too: with no layers nothing else reads them)
+        if check_flag("norm_first", norm_first):
+            self.final_norm: nn.Module = nn.LayerNorm(d_model, eps=check_positive("eps", eps), bias=check_flag("bias", bias))
+        else:
+            self.final_norm = nn.Identity()
 
 
 class Encoder(_Stack):
@@ -227,6 +257,8 @@ class Decoder(_Stack):
         ``decoder_layer{i}_block1_self_att`` and ``decoder_layer{i}_block2_decenc_att`` (i from 1).
         ``caches`` holds one (self, memory) pair of caches per layer for incremental decoding.
         """
+        if caches is not None:
+            check_cache_list(caches, pairs=True)
         _check_caches(None if caches is None else [pair[0] for pair in caches], len(self.layers), ids)
         if caches is not None:  # the memory caches too
             _check_distinct([cache for pair in caches for cache in pair if cache is not None])
