@@ -204,8 +204,14 @@ def test_probes_order_and_padding(trained):
     assert order["texts"] == 60 and order["positions"] == "learned"
     assert order["zeroed_identical"] is True and order["zeroed"] == order["zeroed_shuffled"]
     assert 0 <= order["changed_by_shuffle"] <= 1 and order["in_order"] > 0.6
+    for share in ("in_order", "shuffled", "zeroed", "changed_by_shuffle"):  # counted exactly, not a float32 mean
+        assert order[share] == round(order[share] * 60) / 60, (share, order[share])
+    scored = json.loads(run("eval", "classify", root / "run", "--data", test, "--json").output)
+    assert order["in_order"] == scored["accuracy"]  # the same rows, the same model: the same figure
     padding = json.loads(run("probe", "padding", root / "run", "--data", test, "--json").output)
     assert padding["mask_identical"] is True and padding["alone"] == padding["padded_mask"]
+    for share in ("alone", "padded_mask", "padded_no_mask", "inverted", "no_mask_changed"):
+        assert padding[share] == round(padding[share] * 60) / 60, (share, padding[share])
     assert padding["no_mask_max_diff"] > 1e-3  # without the mask the padding is read like words
     assert padding["inverted_all_hidden"] >= 1 and padding["inverted_nan"] == 0
     assert padding["example"]["padding"] == padding["longest"] - padding["example"]["tokens"] > 0
@@ -537,6 +543,17 @@ def test_the_epoch_timing_follows_the_batches_padded_sizes_not_the_typical_batch
     median = sorted(padded)[len(padded) // 2]  # one timed step: the median-sized batch, times the steps
     assert time_one_epoch(Slow(), task, ClassifySettings(batch_size=8), steps=1) == pytest.approx(
         (0.002 + per_token * median) * len(padded), rel=1e-9)
+    # The writes after each evaluation (best weights, checkpoint) count too: left out, a short epoch's plan ran
+    # past the time budget, which stopped the cosine schedule before its end.
+    real_save = classify_train.save_checkpoint
+
+    def slow_save(*args, **kwargs):
+        clock[0] += 0.25
+        real_save(*args, **kwargs)
+
+    monkeypatch.setattr(classify_train, "save_checkpoint", slow_save)
+    clock[0] = 0.0  # (the first call's clock: the same sums, rounded alike)
+    assert time_one_epoch(Slow(), task, ClassifySettings(batch_size=8)) == pytest.approx(estimate + 0.25, rel=1e-9)
 
 
 def test_load_run_in_a_fresh_process_rebuilds_a_classifier_run(trained):

@@ -154,3 +154,16 @@ def test_a_bpe_vocabulary_past_any_real_one_is_refused_before_the_trainer_alloca
     budget = CliRunner().invoke(cli, ["train", "classify", "--train", str(text), "--out", str(tmp_path / "c"),
                                       "--max-seconds", "1e308"])  # its epochs are fitted to the budget: an overflow
     assert budget.exit_code == 2 and "--max-seconds" in budget.stderr
+
+
+def test_python_dash_m_attnlab_is_the_attnlab_command():
+    import subprocess
+    import sys
+
+    from attnlab import __version__
+
+    done = subprocess.run([sys.executable, "-m", "attnlab", "--version"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and __version__ in done.stdout, done.stderr
+    bad = subprocess.run([sys.executable, "-m", "attnlab", "summary", "--preset", "nope"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1

@@ -96,3 +96,51 @@ def test_translation_under_torchrun_trains_on_the_batches_of_one_pair_too(tmp_pa
 
     # the same pairs in the same steps (a process without a pair runs one with its loss ignored), to float rounding
     assert losses("one") == losses("two") and len(losses("one")) == 2
+
+
+def test_a_process_that_dies_mid_run_leaves_the_other_one_line_and_the_resume_advice(tmp_path):
+    # gloo's error in the survivor was a 60-line traceback of a RuntimeError, without the checkpoint it had kept.
+    text = tmp_path / "fox.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    launcher = tmp_path / "dying_rank1.py"
+    launcher.write_text(textwrap.dedent("""
+        import os, sys
+        if os.environ["RANK"] == "1":  # ends without a word at its 12th step (the checkpoints come every 2)
+            import attnlab.training.distributed as distributed
+            real, calls = distributed.broadcast_flag, []
+            def dying(flag, place):
+                calls.append(flag)
+                if len(calls) == 12:
+                    os._exit(3)
+                return real(flag, place)
+            distributed.broadcast_flag = dying
+        sys.argv[0] = "attnlab"
+        from attnlab.cli.main import main
+        main()
+    """))
+    steps = [*LM[:LM.index("--steps")], "--steps", "200", *LM[LM.index("--steps") + 2:], "--checkpoint-every", "2"]
+    # torchrun looks at its workers every 5 s, not 0.1: it would otherwise SIGTERM the survivor first, now and then
+    # (which then says "terminated", as on Ctrl-C), before the survivor's collective fails
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(free_port()), "--monitor-interval", "5", str(launcher), "train", "lm", "--text", str(text), "--out",
+                           str(tmp_path / "run"), *steps], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    said = [line for line in done.stderr.splitlines() if line.startswith(("error:", "the checkpoint of step"))]
+    assert len(said) == 2, done.stderr[-3000:]
+    assert said[0].startswith("the checkpoint of step ") and said[0].endswith("continue with the same command and "
+                                                                               "--resume")
+    assert said[1].startswith("error: another process of this torchrun run ended (") and "Connection" in said[1]
+    assert "GLHF" not in done.stderr and "[rank0]: Traceback" not in done.stderr
+
+
+def test_only_a_collectives_lost_peer_is_said_to_be_one(monkeypatch):
+    from attnlab.cli.train import peer_lost
+
+    gloo = RuntimeError("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                        "[127.0.0.1]:2202. This is typically caused by a remote worker crashing. GLHF!")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert peer_lost(gloo) is None  # one process: no peer to lose
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert peer_lost(gloo) == "Connection closed by peer [127.0.0.1]:2202"
+    assert peer_lost(RuntimeError("mat1 and mat2 shapes cannot be multiplied")) is None

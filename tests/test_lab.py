@@ -9,11 +9,13 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 from scipy.spatial import procrustes
 
@@ -166,6 +168,19 @@ def test_an_odd_vector_width_measures_the_exact_facts_at_the_even_width_beside_i
     assert "d/2 = 3.5" not in section.body and "norm of PE rows (d=6)" in dict(section.highlights)
     assert "fixed multiple d/2" not in section.body
 
+
+def test_the_heatmap_caption_claims_the_diagonal_peak_only_where_the_check_finds_it():
+    from attnlab.lab.encoding import properties_section
+    from attnlab.lab.html import checks_in
+
+    for d, peaks in ((3, False), (5, True), (12, True)):  # at width 3 a longer neighbour outscores a row's square
+        section = properties_section(d, 100)
+        body = " ".join(section.body.split())
+        held = [ok for ok, text in checks_in(section.body) if text.startswith("the dot product is largest")]
+        assert held == [peaks]
+        assert ("the dot products peak (yellow) on the diagonal" in body) == peaks
+        assert ("here not largest on the diagonal in every row" in body) == (not peaks)
+
 def test_masks_model_order_and_explorer_numbers(small_run):
     _, numbers, _ = small_run
     masks = numbers["masks"]
@@ -234,12 +249,95 @@ def test_the_glove_section_quotes_the_seeds_100d_figures_beside_its_own(small_ru
     rw, disparity = numbers["glove"]["red_wolf"], numbers["glove"]["disparity"]  # the page's two checks, recomputed
     far, near = rw["sentence0"], rw["sentence1"]
     assert numbers["glove"]["red_wolf_pattern_holds"] == (abs(far["semantic"] - near["semantic"]) < 1e-9 and (
+        far["with_position"] > far["semantic"]) and (
         far["with_position"] - far["semantic"] > near["with_position"] - near["semantic"]))
     assert numbers["glove"]["disparity_ordered"] == (disparity["1:10"] > disparity["1:1"] > disparity["10:1"])
     for figure in ("5.599 / 7.374", "5.599 / 5.674", "0.990159", "0.428852", "0.000378"):
         assert figure in glove, figure
     # the file lacks one word: said in the section's text, not only in the listing of the embedding matrix
     assert f"1 of the 11 words have no vector in this file</b> ({MISSING})" in " ".join(glove.split())
+    assert "They stay in every figure and in every fit of this section, at that point" in " ".join(glove.split())
+
+
+def _glove_section(out: Path) -> str:
+    return " ".join(re.search(r'<section id="glove">.*?</section>', (out / "index.html").read_text(), re.S)
+                    .group(0).split())
+
+
+def test_position_shrinking_both_red_wolf_distances_fails_the_check_that_it_adds_more_to_the_far_pair(tmp_path):
+    # red - wolf points against both sentences' position differences, more against the adjacent pair's: both
+    # distances shrink, the far one less. "Adds more to the pair further apart" passed on a smaller subtraction.
+    from attnlab.nn.positions import sinusoidal_encoding
+
+    pe = sinusoidal_encoding(LENGTH, DIM, torch.float64).numpy()
+    far_gap = pe[SENTENCE_0.index("red")] - pe[SENTENCE_0.index("wolf")]
+    near_gap = pe[SENTENCE_1.index("red")] - pe[SENTENCE_1.index("wolf")]
+    vectors = small_vectors()
+    vectors["red"] = np.round(vectors["wolf"] - 0.3 * far_gap - near_gap, 6)
+    write_glove(tmp_path / "v.txt", vectors)
+    result = run_lab(tmp_path / "r", glove=tmp_path / "v.txt", max_length=LENGTH)
+    far, near = result.numbers["glove"]["red_wolf"]["sentence0"], result.numbers["glove"]["red_wolf"]["sentence1"]
+    assert far["with_position"] < far["semantic"] and near["with_position"] < near["semantic"]
+    assert far["with_position"] - far["semantic"] > near["with_position"] - near["semantic"]  # (what passed)
+    assert result.numbers["glove"]["red_wolf_pattern_holds"] is False
+    assert '<p class="check bad"><span class="mark">&#10007;</span> the semantic distance is the same in both ' \
+           "sentences, and position pushes" in _glove_section(tmp_path / "r")
+
+
+def test_the_glove_section_says_what_its_bottom_row_shows_from_the_measured_disparities(tmp_path):
+    # Vectors of small norm against the encoding's: even at the encoder's sqrt(d):1 position reshapes the layout,
+    # and the page said the arrangement "survives almost unchanged" whatever was measured.
+    small = {word: np.round(vec * 0.01, 6) for word, vec in small_vectors().items()}
+    for vectors, name in ((small_vectors(), "plain"), (small, "small")):
+        write_glove(tmp_path / f"{name}.txt", vectors)
+        numbers = run_lab(tmp_path / name, glove=tmp_path / f"{name}.txt", max_length=LENGTH).numbers
+        at_encoder = numbers["glove"]["disparity"]["sqrt_d:1"]
+        glove = _glove_section(tmp_path / name)
+        assert f"at the encoder's own ratio the disparity is {at_encoder:.4f}" in glove
+        kept = at_encoder < 0.05 and numbers["glove"]["disparity"]["10:1"] < 0.05
+        assert ("survives almost unchanged" in glove) == (at_encoder < 0.05)
+        assert ("the groups come back, with position as a small perturbation" in glove) == kept
+        assert ("position still reshapes" in glove) == (not kept)
+        assert kept == (name == "plain")
+
+
+def test_a_missing_optional_package_is_named_in_one_line(tmp_path, glove_file):
+    # A plain `pip install attnlab` has no scikit-learn: the lab's section imports ended in a traceback.
+    code = ("import sys; sys.modules['sklearn'] = None\n"
+            "from attnlab.cli.main import main\n"
+            f"sys.argv = ['attnlab', 'lab', '--out', {str(tmp_path / 'r')!r}, '--glove', {str(glove_file)!r}]\n"
+            "main()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == ("error: this command needs the package scikit-learn, which is not installed: "
+                           "pip install 'attnlab[all]' (or pip install scikit-learn)\n")
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_optional_packages_named_are_those_of_the_all_extra():
+    import tomllib
+
+    from attnlab.cli.main import OPTIONAL_PACKAGES
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    extra = {re.split(r"[<>=!~\[ ]", spec)[0] for spec in pyproject["project"]["optional-dependencies"]["all"]}
+    assert set(OPTIONAL_PACKAGES.values()) == extra
+
+
+def test_standard_output_that_fails_after_the_report_is_written_says_the_report_is_fine(tmp_path, glove_file,
+                                                                                      monkeypatch):
+    import errno
+
+    import attnlab.cli.lab as lab_cli
+
+    def full_disk(result):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(lab_cli, "_print_summary", full_disk)
+    result = run_cli("--out", str(tmp_path / "r"), "--glove", str(glove_file), "--max-length", str(LENGTH))
+    assert_one_line_error(result, f"the report is written ({tmp_path / 'r' / 'index.html'}), but standard output "
+                                  "could not take the summary: No space left on device")
+    assert (tmp_path / "r" / "numbers.json").is_file()
 
 
 def test_vectors_that_are_all_the_same_are_refused_by_name(tmp_path):
@@ -404,6 +502,36 @@ def test_a_folder_where_a_report_file_goes_is_refused_before_anything_is_replace
     assert_one_line_error(result, "index.html is in the way (not a file)")
     assert (out / "numbers.json").read_text() == "{\"old\": 1}"  # the old pair is not half replaced
     assert sorted(p.name for p in out.iterdir()) == ["index.html", "numbers.json"]  # no staging folder left
+
+
+@pytest.mark.parametrize("old_numbers", [True, False])
+def test_a_page_that_cannot_be_moved_in_takes_its_new_numbers_back_out(tmp_path, glove_file, monkeypatch, old_numbers):
+    # The numbers are moved in first, the page last: a failure (or Ctrl-C) between the two left the old page
+    # beside the new numbers, a report that looked finished and disagreed with itself.
+    import attnlab.lab.report as report
+
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "index.html").write_text("old page")
+    if old_numbers:
+        (out / "numbers.json").write_text("{\"old\": 1}")
+    moves, real_move = [], report.move_into_place
+
+    def second_move_interrupted(source, target):
+        moves.append(Path(target).name)
+        if len(moves) == 2:
+            raise KeyboardInterrupt
+        real_move(source, target)
+
+    monkeypatch.setattr(report, "move_into_place", second_move_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_lab(out, glove=glove_file, max_length=LENGTH)
+    assert moves == ["numbers.json", "index.html"]
+    assert (out / "index.html").read_text() == "old page"
+    if old_numbers:
+        assert (out / "numbers.json").read_text() == "{\"old\": 1}"
+    assert sorted(p.name for p in out.iterdir()) == ["index.html"] + ["numbers.json"] * old_numbers
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r", "vectors.txt"]  # no staging folder left
 
 
 def test_a_report_file_that_is_a_symlink_is_written_through_it(tmp_path, glove_file):

@@ -74,6 +74,7 @@ def test_the_model_section_shows_padded_outputs_and_the_two_attention_shapes():
     demo = model_section().numbers["encoder_stack_and_decoder_layer"]
     assert demo["encoder_output_shape"] == [2, 5, 4] and len(demo["padded_output_norms"]) == 3
     assert min(demo["padded_output_norms"]) > 0  # padding hides keys; it does not zero the padded outputs
+    assert demo["decoder_layer_output_shape"] == [2, 3, 4]  # seed 000: "output (2, 3, 4)", measured
     assert demo["decoder_self_attention_shape"] == [2, 2, 3, 3]
     assert demo["decoder_cross_attention_shape"] == [2, 2, 3, 5]
     assert demo["encoder"] == {"layers": 2, "vocab_size": 32, "heads": 2}  # the seed's two-layer encoder

@@ -1,5 +1,6 @@
 """Translation end to end on a toy language pair the test writes: train, translate, evaluate, attention, reports."""
 
+import gzip
 import json
 import random
 import re
@@ -191,6 +192,11 @@ def test_attention_heatmap_for_one_sentence(toy):
     pdf = toy["root"] / "att.pdf"  # the name's suffix is the format, not PNG bytes under any name
     run_cli("attention", toy["run"], "ka lo mi nu", "--out", pdf)
     assert pdf.read_bytes()[:4] == b"%PDF"
+    svgz = toy["root"] / "att.svgz"  # gzip names no file in its header (it named the temporary one, for gunzip -N)
+    run_cli("attention", toy["run"], "ka lo mi nu", "--out", svgz)
+    header = svgz.read_bytes()[:10]
+    assert header[:2] == b"\x1f\x8b" and not header[3] & 0x08, header
+    assert gzip.decompress(svgz.read_bytes()).lstrip().startswith(b"<?xml")
     refused = CliRunner().invoke(cli, ["attention", str(toy["run"]), "ka", "--out", str(toy["root"] / "att.docx")])
     assert refused.exit_code == 2 and "matplotlib cannot write .docx figures" in refused.stderr
     assert not (toy["root"] / "att.docx").exists()
@@ -323,6 +329,26 @@ def test_leaky_model_wins_under_teacher_forcing_and_collapses_free_running(tmp_p
     again = CliRunner().invoke(cli, [str(a) for a in ("experiment", "teacher-forcing", "--train", tmp_path / "train",
                                                       "--valid", tmp_path / "valid", "--out", tmp_path / "r3")])
     assert again.exit_code == 2 and "measure it again with --correct" in again.stderr
+    # Where the second model and the report go is checked before the first model trains, not after.
+    def trains_nothing(out, *args):
+        done = CliRunner().invoke(cli, [str(a) for a in ("experiment", "teacher-forcing", "--train", tmp_path / "train",
+                                                         "--valid", tmp_path / "valid", "--out", out, *args)])
+        assert done.exit_code == 2 and len(done.stderr.splitlines()) == 1, done.output
+        assert not (out / "correct").exists() and "training the" not in done.stderr
+        return done.stderr
+    (tmp_path / "r5" / "leaky").mkdir(parents=True)
+    (tmp_path / "r5" / "leaky" / "model.safetensors").write_text("someone else's")
+    assert trains_nothing(tmp_path / "r5") == (f"error: {tmp_path / 'r5' / 'leaky'} holds model.safetensors, by names "
+                                               "a new run writes there (and no config.json to resume); choose another "
+                                               "--out\n")
+    (tmp_path / "r6").mkdir()
+    (tmp_path / "r6" / "leaky").write_text("a file")
+    assert trains_nothing(tmp_path / "r6") == (f"error: {tmp_path / 'r6' / 'leaky'} exists and is not a folder; the "
+                                               "experiment trains its leaky run there: move it or choose another --out\n")
+    (tmp_path / "r7" / "report.md").mkdir(parents=True)
+    assert trains_nothing(tmp_path / "r7", "--leaky", runs["leaky"]) == (
+        f"error: {tmp_path / 'r7' / 'report.md'} is a folder, where the report goes; move it or choose another --out\n")
+    assert not (tmp_path / "r7" / "report.json").exists()
     (tmp_path / "a-file").write_text("mine")
     on_file = CliRunner().invoke(cli, [str(a) for a in ("experiment", "teacher-forcing", "--valid", tmp_path / "valid",
                                                         "--correct", runs["correct"], "--leaky", runs["leaky"], "--out",

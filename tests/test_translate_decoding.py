@@ -136,7 +136,8 @@ def test_leaky_decoder_sees_the_future_under_teacher_forcing_but_not_when_decodi
 @pytest.mark.parametrize(("settings", "said"), [
     ({"max_len_a": float("nan")}, r"max_len_a \(--max-len-a\) must be a finite number >= 0, got nan"),
     ({"max_len_a": float("inf")}, "must be a finite number"),  # accepted before: decoding until the cache ran out
-    ({"max_len_a": 0.0, "max_len_b": 0}, r"max_len_a 0 and max_len_b 0 \(--max-len-a, --max-len-b\) allow no token"),
+    ({"max_len_a": 0.0, "max_len_b": 0},
+     r"max_len_a 0 and max_len_b 0 \(--max-len-a, --max-len-b\) allow no token for the shortest source, one id"),
     ({"max_len_a": None}, "must be a finite number >= 0, got None"),
     ({"max_len_a": 0.0, "max_len_b": float("nan")}, r"max_len_b \(--max-len-b\) must be a whole number >= 0, got nan"),
 ])

@@ -34,8 +34,7 @@ def plot_heatmap(src_pieces: list[str], out_pieces: list[str], weights, path: Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attnlab.files import atomic_path
-    from attnlab.training.plots import figure_format
+    from attnlab.training.plots import save_figure
 
     width, x_font, x_every = _axis(len(src_pieces), 0.45, 2.5)
     height, y_font, y_every = _axis(len(out_pieces), 0.4, 2.0)
@@ -50,8 +49,7 @@ def plot_heatmap(src_pieces: list[str], out_pieces: list[str], weights, path: Pa
     ax.set_title(title, fontsize=10, parse_math=False)
     fig.colorbar(image, ax=ax, fraction=0.04, label="attention weight")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=figure_format(path, "--out"), dpi=120)
+    save_figure(fig, path, option="--out", dpi=120)
     plt.close(fig)
 
 

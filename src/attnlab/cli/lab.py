@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -10,7 +11,8 @@ from rich.table import Table
 
 from attnlab.cli.console import console as stdout_console
 from attnlab.cli.params import PathParam
-from attnlab.lab import DEFAULT_MAX_LENGTH, STEPS, run_lab
+from attnlab.errors import AttnlabError
+from attnlab.lab import DEFAULT_MAX_LENGTH, STEPS, LabResult, run_lab
 from attnlab.lab.html import checks_in
 from attnlab.lab.runner import MAX_LENGTH_LIMIT
 
@@ -40,6 +42,18 @@ def lab(out: Path, glove: Path | None, dim: int | None, max_length: int) -> None
 
         result = run_lab(out, glove=glove, dim=dim, max_length=max_length, on_step=on_step)
 
+    try:
+        _print_summary(result)
+    except BrokenPipeError:
+        raise  # (the reader left: the command line's quiet exit)
+    except OSError as err:  # a full disk behind standard output: the report itself is fine, say so
+        raise AttnlabError(f"the report is written ({result.out / 'index.html'}), but standard output could not "
+                           f"take the summary: {err.strerror or err}") from err
+
+
+def _print_summary(result: LabResult) -> None:
+    """The key numbers, the checks' count and where the report is, on standard output (flushed: a full disk
+    behind it fails here, not at exit)."""
     table = Table(title="attnlab lab: key numbers", title_justify="left", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value", overflow="fold")
@@ -56,3 +70,4 @@ def lab(out: Path, glove: Path | None, dim: int | None, max_length: int) -> None
     console.print(f"report: {result.out / 'index.html'}", soft_wrap=True)
     console.print(f"numbers: {result.out / 'numbers.json'}", soft_wrap=True)
     console.print(f"time: {result.seconds:.1f} s", soft_wrap=True)
+    sys.stdout.flush()

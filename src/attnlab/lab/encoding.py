@@ -262,7 +262,11 @@ def _every_pair(d: int, max_length: int) -> tuple[str, dict[str, dict]]:
     body += figure(figures.heatmap_pair(gram.numpy(), dist.numpy(), ("Dot product", "Euclidean distance"), "position",
                                         ("PE[i] . PE[j]", "||PE[i] - PE[j]||")),
                    "heatmaps of the dot-product and Euclidean-distance matrices between all positions",
-                   "Left: the dot products peak (yellow) on the diagonal, where a vector meets itself. Right: the "
+                   ("Left: the dot products peak (yellow) on the diagonal, where a vector meets itself. " if diag_max
+                    else "Left: the dot products, here not largest on the diagonal in every row: at this odd width "
+                         "the norms drift, and a longer, nearly parallel neighbour outscores a vector's own square "
+                         "(the check above). ")
+                   + "Right: the "
                    "distances are 0 on the diagonal and grow away from it. Neither is "
                    "monotone far from the diagonal, where individual components drift back into phase.")
     numbers = {

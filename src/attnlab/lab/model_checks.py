@@ -69,8 +69,8 @@ def _stack_and_decoder_layer_demo() -> tuple[dict, str]:
     with torch.no_grad():
         states, _ = encoder(ids, attend_mask=padding_mask(ids))  # (2, 5, 4)
         # against the encoder output, as the seed runs it: 3 target positions, 5 source positions
-        _, self_w, cross_w = layer(target, states, self_attend_mask=causal_mask(3),
-                                   memory_attend_mask=padding_mask(ids), need_weights=True)
+        layer_out, self_w, cross_w = layer(target, states, self_attend_mask=causal_mask(3),
+                                           memory_attend_mask=padding_mask(ids), need_weights=True)
     padded_norms = [round(float(v), 4) for v in states[ids == 0].norm(dim=-1)]
     body = heading("The encoder stack and a decoder layer")
     body += code(f"encoder(ids {tuple(ids.shape)}) -> {tuple(states.shape)}\n"
@@ -79,6 +79,7 @@ def _stack_and_decoder_layer_demo() -> tuple[dict, str]:
     body += check(min(padded_norms) > 0, "padded positions still get output vectors: the padding mask hides them as "
                                          "keys, it does not zero them; later masks and the loss ignore them")
     body += code(f"decoder layer, target {tuple(target.shape)}, memory = the encoder output {tuple(states.shape)}:\n"
+                 f"  output                  {tuple(layer_out.shape)}  (batch, target, d_model)\n"
                  f"  self-attention weights  {tuple(self_w.shape)}  (batch, heads, target, target)\n"
                  f"  cross-attention weights {tuple(cross_w.shape)}  (batch, heads, target, source)")
     body += check(self_w.shape[-1] == 3 and cross_w.shape[-1] == 5,
@@ -122,7 +123,7 @@ def _stack_and_decoder_layer_demo() -> tuple[dict, str]:
                            "heads": encoder.layers[0].self_attn.num_heads},
                "layer_cross_on_padded_source": float((cross_w * (ids == 0)[:, None, None, :]).sum()),
                "encoder_output_shape": list(states.shape), "padded_output_norms": padded_norms,
-               "decoder_self_attention_shape": list(self_w.shape),
+               "decoder_layer_output_shape": list(layer_out.shape), "decoder_self_attention_shape": list(self_w.shape),
                "decoder_cross_attention_shape": list(cross_w.shape), "block1_head0": block1.tolist(),
                "decoder_stack": {"output_shape": list(decoded.shape), "weight_tensors": sorted(weights),
                                  "above_diagonal": above, "on_padded_source": on_pad,

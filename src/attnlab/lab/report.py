@@ -173,13 +173,36 @@ class Staging:
             (self.path / HTML_NAME).write_text(html, encoding="utf-8")
             if not self._into_existing and self._renamed():
                 return self.out
-            for name in (NUMBERS_NAME, HTML_NAME):  # the page last: its presence means "complete"
-                move_into_place(self.path / name, self.out / name)  # (by a rename: no space needed)
+            self._publish()
             self.path.rmdir()
         except OSError as err:
             self.discard()
             raise AttnlabError(f"cannot write the report to {self.out}: {err.strerror or err}") from err
         return self.out
+
+    def _publish(self) -> None:
+        """Move both staged files into the existing report folder, the page last (its presence means "complete").
+        If the page's move fails (or Ctrl-C falls between the two), the numbers the old page was made with go back:
+        a report is old or new, never an old page beside new numbers."""
+        numbers, previous = self.out / NUMBERS_NAME, self.path / f"previous-{NUMBERS_NAME}"
+        existed = numbers.exists() or numbers.is_symlink()
+        old = Path(os.path.realpath(numbers))  # (a link is written through, see move_into_place)
+        kept = old.is_file()  # (a pipe or a device is written into: nothing to keep)
+        if kept:
+            try:  # a second name for the old file, in the staging folder (next to the report: same file system)
+                os.link(old, previous)
+            except OSError:
+                shutil.copy2(old, previous)
+        move_into_place(self.path / NUMBERS_NAME, numbers)  # (by a rename: no space needed)
+        try:
+            move_into_place(self.path / HTML_NAME, self.out / HTML_NAME)
+        except BaseException:
+            if kept:
+                os.replace(previous, old)
+            elif not existed:
+                numbers.unlink(missing_ok=True)
+            raise
+        previous.unlink(missing_ok=True)
 
     def _renamed(self) -> bool:
         """Rename the staging folder to the report folder; False if a folder of that name has appeared meanwhile

@@ -12,10 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnlab.files import atomic_path
 from attnlab.tasks.classify import Classifier
 from attnlab.tasks.tables import Table, one_line
-from attnlab.training.plots import figure_format
+from attnlab.training.plots import save_figure
 
 
 @dataclass
@@ -124,7 +123,6 @@ def draw_confusion(truth: list[str], predicted: list[str], labels: list[str], pa
     ax.set_title(f"confusion matrix ({len(truth)} rows, accuracy {np.trace(counts[:len(labels)]) / len(truth):.1%})")
     fig.tight_layout()
     path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=figure_format(path, "--confusion"), dpi=110)
+    save_figure(fig, path, option="--confusion", dpi=110)
     plt.close(fig)
     return path

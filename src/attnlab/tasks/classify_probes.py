@@ -68,8 +68,14 @@ def shuffle_each(ids: Sequence[Sequence[int]], seed: int) -> list[list[int]]:
     return [rng.sample(list(x), len(x)) for x in ids]
 
 
+def _share(hits: Tensor) -> float:
+    """The share of True in the (rows,) bool ``hits``, counted exactly (a float32 mean gave 0.8333333134651184
+    for 25 of 30, where ``eval classify`` reports 0.8333333333333334 for the same rows)."""
+    return int(hits.sum()) / hits.numel()
+
+
 def _accuracy(logits: Tensor, gold: Tensor) -> float:
-    return (logits.argmax(1) == gold).float().mean().item()
+    return _share(logits.argmax(1) == gold)
 
 
 def _gold(clf: Classifier, table: Table) -> Tensor:
@@ -121,7 +127,7 @@ def order_probe(clf: Classifier, table: Table, seed: int = 0) -> OrderResult:
         in_order=_accuracy(plain, gold), shuffled=_accuracy(shuffled, gold),
         zeroed=None if zeroed is None else _accuracy(zeroed, gold),
         zeroed_shuffled=None if zeroed_mixed is None else _accuracy(zeroed_mixed, gold),
-        changed_by_shuffle=(plain.argmax(1) != shuffled.argmax(1)).float().mean().item(),
+        changed_by_shuffle=_share(plain.argmax(1) != shuffled.argmax(1)),
         zeroed_max_diff=diff, zeroed_identical=None if diff is None else diff <= IDENTICAL_ATOL,
         positions=kind, texts=len(ids),
     )
@@ -244,7 +250,7 @@ def padding_probe(clf: Classifier, table: Table, top: int = 3) -> PaddingResult:
         texts=len(ids), longest=len(longest), alone=_accuracy(alone, gold), padded_mask=_accuracy(masked, gold),
         padded_no_mask=_accuracy(unmasked, gold), inverted=_accuracy(finite, gold), mask_max_diff=mask_diff,
         mask_identical=mask_diff <= IDENTICAL_ATOL,
-        no_mask_changed=(alone.argmax(1) != unmasked.argmax(1)).float().mean().item(),
+        no_mask_changed=_share(alone.argmax(1) != unmasked.argmax(1)),
         no_mask_max_diff=(alone - unmasked).abs().max().item(),
         inverted_nan=int(torch.isnan(inverted).any(1).sum()),
         inverted_all_hidden=sum(len(x) == len(longest) for x in ids),

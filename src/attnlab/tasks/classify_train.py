@@ -56,6 +56,9 @@ from attnlab.training.checkpoint import (
     refuse_existing_run,
     refuse_input_in_run,
     refuse_restart_over_a_report,
+    rng_state,
+    save_checkpoint,
+    save_weights,
     write_run_config,
 )
 from attnlab.training.distributed import is_main_process
@@ -381,11 +384,16 @@ def time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySetti
 
 
 def _time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySettings, steps: int) -> float:
+    with tempfile.TemporaryDirectory() as scratch:  # (where the probe's checkpoint is written, and timed)
+        return _time_in(model, task, settings, steps, Path(scratch))
+
+
+def _time_in(model: nn.Module, task: ClassifyTask, settings: ClassifySettings, steps: int, scratch: Path) -> float:
+    """The measurement of :func:`time_one_epoch`; the probe's weights and checkpoint are written in ``scratch``."""
     from scipy.stats import theilslopes
 
     probe = copy.deepcopy(model)
-    with tempfile.TemporaryDirectory() as scratch:
-        trainer = Trainer(probe, task, settings.train_config(1, 1, progress=False), scratch)
+    trainer = Trainer(probe, task, settings.train_config(1, 1, progress=False), scratch)
     optimizer, place = trainer.optimizer, trainer.place
     device = place.device
     epoch = list(task.batches(0, place))  # this process's share of each global batch
@@ -412,6 +420,7 @@ def _time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySett
         nn.utils.clip_grad_norm_(probe.parameters(), settings.grad_clip or math.inf)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        distributed.broadcast_flag(False, place)  # the run's per-step word on its time budget (under torchrun)
         times.append(clock() - begin)
     timed, timed_sizes = times[2:], [sizes[i] for i in picked]
     train_seconds = statistics.median(timed) * len(epoch)  # all batches of one size: no line to fit
@@ -425,6 +434,13 @@ def _time_one_epoch(model: nn.Module, task: ClassifyTask, settings: ClassifySett
         begin = clock()
         task.evaluate(probe)
         eval_seconds = clock() - begin
+    # What follows each evaluation in the run: the best weights and the checkpoint written (rank 0), which a short
+    # epoch's plan left out, and the time budget then stopped the cosine schedule before its end.
+    begin = clock()
+    if place.is_main:
+        save_weights(probe, scratch / WEIGHTS)
+        save_checkpoint(scratch, probe, optimizer, trainer.state, rng_states=[rng_state()])
+    eval_seconds += clock() - begin
     timings = distributed.all_gather((train_seconds, eval_seconds), place)  # (train, eval) of every process
     return max(train for train, _ in timings) + timings[0][1]
 

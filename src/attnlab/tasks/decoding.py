@@ -60,8 +60,8 @@ class DecodeSettings:
             raise AttnlabError(f"max_len_b (--max-len-b) must be a whole number >= 0, got {self.max_len_b!r}")
         if self.max_len_a + min(self.max_len_b, 1) < 1:  # the shortest source is 1 id (its eos)
             raise AttnlabError(f"max_len_a {self.max_len_a:g} and max_len_b {self.max_len_b} (--max-len-a, --max-len-b) "
-                               "allow no token for a source of one id: the longest output is a * source length + b "
-                               "tokens; give a + b >= 1")
+                               "allow no token for the shortest source, one id (an empty sentence's <eos>): the "
+                               "longest output is a * source ids + b tokens, rounded down; give a + b >= 1")
 
 
 def max_lengths(src: Tensor, model: Transformer, a: float, b: int) -> Tensor:

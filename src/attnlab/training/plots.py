@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
+from typing import Any
 
 from attnlab.errors import AttnlabError
 from attnlab.files import atomic_path
@@ -21,6 +23,16 @@ def figure_format(path: str | Path, option: str) -> str:
         raise AttnlabError(f"{option} {path}: matplotlib cannot write .{suffix} figures; use one of "
                            + ", ".join(f".{k}" for k in sorted(known)))
     return suffix or "png"
+
+
+def save_figure(fig: Any, path: str | Path, *, option: str, dpi: int) -> None:
+    """Write the matplotlib figure ``fig`` to ``path`` in the format its suffix names (see :func:`figure_format`),
+    through a temporary name. It is drawn in memory first: given a file, matplotlib's ``.svgz`` writes that file's
+    name into its gzip header, which would be the temporary one (``gunzip -N`` then restores a hidden name)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=figure_format(path, option), dpi=dpi)
+    with atomic_path(path) as tmp:
+        Path(tmp).write_bytes(buffer.getvalue())
 
 
 def plot_loss_curve(metrics_path: str | Path, out_png: str | Path) -> None:
