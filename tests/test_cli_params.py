@@ -167,3 +167,4 @@ def test_python_dash_m_attnlab_is_the_attnlab_command():
     bad = subprocess.run([sys.executable, "-m", "attnlab", "summary", "--preset", "nope"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1
+    assert "(see 'python -m attnlab summary --help')" in bad.stderr  # the name it was called by

@@ -287,8 +287,11 @@ def test_position_shrinking_both_red_wolf_distances_fails_the_check_that_it_adds
 def test_the_glove_section_says_what_its_bottom_row_shows_from_the_measured_disparities(tmp_path):
     # Vectors of small norm against the encoding's: even at the encoder's sqrt(d):1 position reshapes the layout,
     # and the page said the arrangement "survives almost unchanged" whatever was measured.
+    # And with a word missing, its group cannot come back (the section's note says so): the caption said it did.
     small = {word: np.round(vec * 0.01, 6) for word, vec in small_vectors().items()}
-    for vectors, name in ((small_vectors(), "plain"), (small, "small")):
+    complete = {word: np.round(3 * vec, 6) for word, vec in  # (3x: kept at the encoder's ratio of this width)
+                {**small_vectors(), MISSING: np.random.default_rng(4).normal(0.0, 0.6, DIM)}.items()}
+    for vectors, name in ((complete, "complete"), (small_vectors(), "lacking"), (small, "small")):
         write_glove(tmp_path / f"{name}.txt", vectors)
         numbers = run_lab(tmp_path / name, glove=tmp_path / f"{name}.txt", max_length=LENGTH).numbers
         at_encoder = numbers["glove"]["disparity"]["sqrt_d:1"]
@@ -296,9 +299,10 @@ def test_the_glove_section_says_what_its_bottom_row_shows_from_the_measured_disp
         assert f"at the encoder's own ratio the disparity is {at_encoder:.4f}" in glove
         kept = at_encoder < 0.05 and numbers["glove"]["disparity"]["10:1"] < 0.05
         assert ("survives almost unchanged" in glove) == (at_encoder < 0.05)
-        assert ("the groups come back, with position as a small perturbation" in glove) == kept
+        assert ("the groups come back, with position as a small perturbation" in glove) == (name == "complete")
+        assert ("the words without a vector still on one point" in glove) == (name == "lacking")
         assert ("position still reshapes" in glove) == (not kept)
-        assert kept == (name == "plain")
+        assert kept == (name != "small")
 
 
 def test_a_missing_optional_package_is_named_in_one_line(tmp_path, glove_file):
@@ -312,6 +316,19 @@ def test_a_missing_optional_package_is_named_in_one_line(tmp_path, glove_file):
     assert done.stderr == ("error: this command needs the package scikit-learn, which is not installed: "
                            "pip install 'attnlab[all]' (or pip install scikit-learn)\n")
     assert not (tmp_path / "r").exists()
+
+    def attnlab_without(module, *args):
+        code = (f"import sys; sys.modules[{module!r}] = None\nfrom attnlab.cli.main import main\n"
+                f"sys.argv = ['attnlab', *{list(args)!r}]\nmain()")
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+    # `attnlab --help` imports every command's module, outside any command
+    helpless = attnlab_without("safetensors", "--help")
+    assert helpless.returncode == 2 and helpless.stderr.startswith("error: this command needs the package "
+                                                                   "safetensors"), helpless.stderr
+    # a part missing from an installed package is a broken installation, not "not installed": the traceback
+    broken = attnlab_without("scipy.spatial", "lab", "--out", str(tmp_path / "r"), "--glove", str(glove_file))
+    assert broken.returncode == 1 and "ModuleNotFoundError" in broken.stderr and "not installed" not in broken.stderr
 
 
 def test_the_optional_packages_named_are_those_of_the_all_extra():
@@ -504,34 +521,51 @@ def test_a_folder_where_a_report_file_goes_is_refused_before_anything_is_replace
     assert sorted(p.name for p in out.iterdir()) == ["index.html", "numbers.json"]  # no staging folder left
 
 
-@pytest.mark.parametrize("old_numbers", [True, False])
-def test_a_page_that_cannot_be_moved_in_takes_its_new_numbers_back_out(tmp_path, glove_file, monkeypatch, old_numbers):
+@pytest.mark.parametrize("numbers", ["old", "none", "link to another file system", "link to no file yet"])
+def test_a_page_that_cannot_be_moved_in_takes_its_new_numbers_back_out(tmp_path, glove_file, monkeypatch, numbers):
     # The numbers are moved in first, the page last: a failure (or Ctrl-C) between the two left the old page
     # beside the new numbers, a report that looked finished and disagreed with itself.
+    import errno
+
     import attnlab.lab.report as report
 
-    out = tmp_path / "r"
+    out, elsewhere = tmp_path / "r", tmp_path / "elsewhere"
     out.mkdir()
+    elsewhere.mkdir()
     (out / "index.html").write_text("old page")
-    if old_numbers:
-        (out / "numbers.json").write_text("{\"old\": 1}")
+    target = {"old": out / "numbers.json", "link to another file system": elsewhere / "n.json",
+              "link to no file yet": elsewhere / "new.json"}.get(numbers)
+    if numbers != "none" and target != out / "numbers.json":
+        (out / "numbers.json").symlink_to(target)
+    if numbers in ("old", "link to another file system"):
+        target.write_text("{\"old\": 1}")
+    real_replace = os.replace
+
+    def other_file_system(source, dest):  # renames into `elsewhere` from outside it fail, as across file systems
+        if Path(dest).parent == elsewhere and Path(source).parent != elsewhere:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        real_replace(source, dest)
+
+    monkeypatch.setattr(os, "replace", other_file_system)
     moves, real_move = [], report.move_into_place
 
-    def second_move_interrupted(source, target):
-        moves.append(Path(target).name)
+    def second_move_interrupted(source, dest):
+        moves.append(Path(dest).name)
         if len(moves) == 2:
             raise KeyboardInterrupt
-        real_move(source, target)
+        real_move(source, dest)
 
     monkeypatch.setattr(report, "move_into_place", second_move_interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_lab(out, glove=glove_file, max_length=LENGTH)
-    assert moves == ["numbers.json", "index.html"]
+    assert moves[:2] == ["numbers.json", "index.html"]
     assert (out / "index.html").read_text() == "old page"
-    if old_numbers:
-        assert (out / "numbers.json").read_text() == "{\"old\": 1}"
-    assert sorted(p.name for p in out.iterdir()) == ["index.html"] + ["numbers.json"] * old_numbers
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["r", "vectors.txt"]  # no staging folder left
+    if numbers in ("old", "link to another file system"):
+        assert target.read_text() == "{\"old\": 1}"
+    if numbers == "link to no file yet":
+        assert not target.exists()  # what the failed run wrote through the link is gone again
+    assert sorted(p.name for p in out.iterdir()) == ["index.html"] + ["numbers.json"] * (numbers != "none")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "r", "vectors.txt"]  # no staging folder left
 
 
 def test_a_report_file_that_is_a_symlink_is_written_through_it(tmp_path, glove_file):

@@ -227,6 +227,7 @@ def test_torch_attn_mask_needs_num_heads_for_a_per_head_mask():
     for heads in (True, 2.0):  # True was read as 1 head (a (4, 1, 3, 3) mask), 2.0 failed inside torch
         with pytest.raises(AttnlabError, match=f"num_heads={heads}"):
             from_torch_attn_mask(torch.zeros(4, 3, 3, dtype=torch.bool), num_heads=heads)
+    assert from_torch_attn_mask(torch.zeros(4, 3, 3, dtype=torch.bool), num_heads=np.int64(2)).shape == (2, 2, 3, 3)
     with pytest.raises(AttnlabError, match="from_key_padding_mask"):
         from_torch_attn_mask(torch.zeros(4, dtype=torch.bool))
 

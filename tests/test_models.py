@@ -415,7 +415,9 @@ def test_tied_and_shared_embeddings():
     (lambda: Transformer(20, 20, 8, 1, 2, 8, share_embeddings=1), "share_embeddings must be true or false, got 1"),
     (lambda: DecoderLM(20, 8, 1, 2, norm_first="no"), "norm_first must be true or false"),
     (lambda: DecoderLM(20, 8, 0, 2, bias="no"), "bias must be true or false"),  # (no layer reads it: the final norm)
-    (lambda: EncoderClassifier(20, 3, 8, 1, 2, 16, scale_embedding="no"), "scale must be true or false"),
+    (lambda: EncoderClassifier(20, 3, 8, 1, 2, 16, scale_embedding="no"), "^scale_embedding must be true or false"),
+    (lambda: MultiHeadAttention(8, 2, bias="false"), "bias must be true or false"),  # the blocks used alone too
+    (lambda: FeedForward(8, 16, bias="false"), "bias must be true or false"),
 ])
 def test_models_that_cannot_be_built_as_asked_are_refused(make, message):
     with pytest.raises(AttnlabError, match=message):
@@ -564,6 +566,11 @@ def test_a_memory_mask_of_one_row_is_refused_for_a_batch_of_several():
     model.decode(tgt, memory, memory_attend_mask=mask)  # the whole batch's mask: fine
     with pytest.raises(AttnlabError, match="memory_attend_mask has a batch of 1, the memory a batch of 2"):
         model.decode(tgt, memory, memory_attend_mask=mask[:1])
+    # Copies of one row (memory.expand, as a search over one sentence makes them) may share its one mask row.
+    one, one_mask = model.encode(src[:1])
+    copies = model.decode(tgt, one.expand(2, -1, -1), memory_attend_mask=one_mask)[0]
+    torch.testing.assert_close(copies, model.decode(tgt, one.expand(2, -1, -1),
+                                                    memory_attend_mask=one_mask.expand(2, -1, -1, -1))[0], rtol=0, atol=0)
 
 
 def test_rotary_positions_keep_to_the_context_without_layers_too():
@@ -577,13 +584,16 @@ def test_caches_of_another_kind_are_named_before_they_are_read():
     lm = DecoderLM(20, d_model=8, num_layers=2, num_heads=2)
     seq2seq = Transformer(20, 20, d_model=8, num_layers=2, num_heads=2, d_ff=8)
     ids = torch.ones(1, 2, dtype=torch.long)
-    with pytest.raises(AttnlabError, match="caches must be a list of KVCache objects, one a layer.*got a list of tuple"):
+    with pytest.raises(AttnlabError, match=r"caches must be a list of KVCache objects, one a layer.*entry 0 is a tuple "
+                                           r"of 2 \(KVCache, KVCache\)"):
         lm(ids, caches=seq2seq.new_caches())
     memory, mask = seq2seq.encode(ids)
     with pytest.raises(AttnlabError, match=r"caches must be a list of \(self-attention, cross-attention\) pairs.*"
-                                           "got a list of KVCache"):
+                                           "entry 0 is a KVCache"):
         seq2seq.decode(ids, memory, memory_attend_mask=mask, caches=lm.new_caches())
-    with pytest.raises(AttnlabError, match="got a KVCache"):
+    with pytest.raises(AttnlabError, match=r"entry 1 is a tuple of 1 \(KVCache\)"):  # a pair short of its second
+        seq2seq.decode(ids, memory, memory_attend_mask=mask, caches=[seq2seq.new_caches()[0], (KVCache(),)])
+    with pytest.raises(AttnlabError, match="makes; a KVCache"):
         lm(ids, caches=KVCache())
     with pytest.raises(AttnlabError, match="cache must be a KVCache"):
         MultiHeadAttention(8, 2)(torch.ones(1, 2, 8), cache=[])

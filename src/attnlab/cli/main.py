@@ -9,6 +9,7 @@ stderr, ``error: ...``, and exit status 2; never a stack trace.
 from __future__ import annotations
 
 import codecs
+import importlib.util
 import io
 import os
 import re
@@ -48,6 +49,19 @@ OPTIONAL_PACKAGES: dict[str, str] = {
 }
 
 
+def _missing_package(err: ModuleNotFoundError) -> str | None:
+    """The line to say when ``err`` is an optional package that is not installed at all; None for anything else
+    (an attnlab module, a package's own missing part or dependency: a broken installation, which the traceback
+    shows)."""
+    name = err.name or ""
+    top = name.partition(".")[0]
+    package = OPTIONAL_PACKAGES.get(top)
+    if package is None or (name != top and importlib.util.find_spec(top) is not None):
+        return None
+    return (f"this command needs the package {package}, which is not installed: pip install 'attnlab[all]' "
+            f"(or pip install {package})")
+
+
 def _rank_prefix() -> str:
     """``[rank N] `` in the lines of a process other than the first under torchrun (every process reports its
     own error, and they are told apart), nothing otherwise."""
@@ -85,6 +99,12 @@ class _MainGroup(LazyGroup):
         except AttnlabError as err:  # raised outside a command: the help text written to a closed stdout
             _error(str(err))
             sys.exit(2)
+        except ModuleNotFoundError as err:  # outside a command too: `attnlab --help` imports every command's module
+            said = _missing_package(err)
+            if said is None:
+                raise
+            _error(said)
+            sys.exit(2)
         sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -94,11 +114,10 @@ class _MainGroup(LazyGroup):
             _error(str(err))
             ctx.exit(2)
         except ModuleNotFoundError as err:
-            package = OPTIONAL_PACKAGES.get((err.name or "").partition(".")[0])
-            if package is None:  # not an optional package: a broken installation, which the traceback shows
+            said = _missing_package(err)
+            if said is None:
                 raise
-            _error(f"this command needs the package {package}, which is not installed: pip install 'attnlab[all]' "
-                   f"(or pip install {package})")
+            _error(said)
             ctx.exit(2)
         except BrokenPipeError as err:
             if not _stdout_reader_left():
@@ -242,8 +261,10 @@ def main() -> None:
     _stand_in_for_closed_stdout()
     if _rank_prefix():  # under torchrun the first process reports; the others' output would repeat it
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (open for the life of the process)
+    # (`python -m attnlab` is named so in usage lines and hints: `attnlab` may not be on the PATH there)
+    prog = "python -m attnlab" if sys.argv and sys.argv[0].endswith("__main__.py") else "attnlab"
     try:
-        cli.main(prog_name="attnlab")
+        cli.main(prog_name=prog)
     except KeyboardInterrupt as err:
         _exit_interrupted(err)
 

@@ -158,10 +158,11 @@ def _red_and_wolf(exp: _Experiment, words: list[list[str]],
 
 
 def _weightings(exp: _Experiment, words: list[list[str]], groups: list[list[str]], semantic: np.ndarray,
-                d: int, seeds_own: bool) -> tuple[str, dict[str, float], bool]:
+                d: int, seeds_own: bool, missing: bool) -> tuple[str, dict[str, float], bool]:
     """Sentence 1 at four weightings of meaning against position, each layout's Procrustes disparity from the
     semantic-only ``semantic`` (11, 2): (html, disparities by weighting, their order holds). ``d``: the vectors'
-    width; ``seeds_own``: whether they are the seed's (see :func:`matches_seed`)."""
+    width; ``seeds_own``: whether they are the seed's (see :func:`matches_seed`); ``missing``: whether some words
+    have no vector (their groups cannot come back together)."""
     sqrt_d = math.sqrt(d)
     weightings = [*WEIGHTINGS, (sqrt_d, 1.0, "sqrt_d:1", f"sqrt(d) = {sqrt_d:.2f}, the encoder's ratio")]
     layouts = [pca_layout(exp.weighted(w1, w2, 1)) for w1, w2, _, _ in weightings]
@@ -180,10 +181,11 @@ def _weightings(exp: _Experiment, words: list[list[str]], groups: list[list[str]
                                        [f"W1:W2 = {_shown(key)}, {note}" for _, _, key, note in weightings]),
                    "PCA of sentence 1 at four weightings of meaning against position",
                    "Position-heavy (top left) the words arrange themselves by position and the groups dissolve; "
-                   + ("meaning-heavy (bottom row) the groups come back, with position as a small perturbation."
-                      if all(kept.values()) else
-                      "meaning-heavy (bottom row) the layout moves back toward the semantic one, but with these "
-                      "vectors position still reshapes it (the disparities below)."))
+                   + ("meaning-heavy (bottom row) the layout moves back toward the semantic one, but with these "
+                      "vectors position still reshapes it (the disparities below)." if not all(kept.values()) else
+                      "meaning-heavy (bottom row) the layout returns to the semantic one, the words without a vector "
+                      "still on one point (the note above)." if missing else
+                      "meaning-heavy (bottom row) the groups come back, with position as a small perturbation."))
     body += para("Procrustes disparity of each layout from the semantic-only one (0 = same shape after rotation,",
                  "scaling and shifting; 1 = no relation):")
     body += table(["W1:W2", f"disparity, d = {d}", f"seed 000, d = {SEED_WIDTH}"],
@@ -192,7 +194,7 @@ def _weightings(exp: _Experiment, words: list[list[str]], groups: list[list[str]
     at_encoder = (f"at the encoder's own ratio the disparity is {disparity['sqrt_d:1']:.4f}: this arrangement "
                   "survives almost unchanged" if kept["sqrt_d:1"] else
                   f"at the encoder's own ratio the disparity is {disparity['sqrt_d:1']:.4f}: with these vectors "
-                  "position still reshapes the arrangement (their norms are small against the encoding's)")
+                  "position still reshapes the arrangement")
     body += para("It compares two 2-D projections of eleven words, so it is a demonstration, not a general law;",
                  f"{at_encoder}. It is the sum of squared",
                  "distances left after the best fit, both layouts standardised first, not a percentage of structure",
@@ -270,7 +272,7 @@ def glove_section(vectors: WordVectors, max_length: int) -> Section:
 
     part, red_wolf, pattern, seeds_own = _red_and_wolf(exp, words, vectors)
     body += part
-    part, disparity, ordered = _weightings(exp, words, groups, semantic[1], d, seeds_own)
+    part, disparity, ordered = _weightings(exp, words, groups, semantic[1], d, seeds_own, bool(missing))
     body += part
 
     numbers = {

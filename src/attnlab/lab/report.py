@@ -8,6 +8,7 @@ both are complete, so a run that fails leaves no half-written report that looks 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -185,9 +186,9 @@ class Staging:
         If the page's move fails (or Ctrl-C falls between the two), the numbers the old page was made with go back:
         a report is old or new, never an old page beside new numbers."""
         numbers, previous = self.out / NUMBERS_NAME, self.path / f"previous-{NUMBERS_NAME}"
-        existed = numbers.exists() or numbers.is_symlink()
         old = Path(os.path.realpath(numbers))  # (a link is written through, see move_into_place)
         kept = old.is_file()  # (a pipe or a device is written into: nothing to keep)
+        created = not old.exists()  # (also behind a link to a file not there yet)
         if kept:
             try:  # a second name for the old file, in the staging folder (next to the report: same file system)
                 os.link(old, previous)
@@ -197,10 +198,11 @@ class Staging:
         try:
             move_into_place(self.path / HTML_NAME, self.out / HTML_NAME)
         except BaseException:
-            if kept:
-                os.replace(previous, old)
-            elif not existed:
-                numbers.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # (the page's own failure is what is said)
+                if kept:  # through a link, onto another file system too, as the numbers went
+                    move_into_place(previous, numbers)
+                elif created:
+                    old.unlink()
             raise
         previous.unlink(missing_ok=True)
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.errors import AttnlabError, check_count, check_probability, whole_number
+from attnlab.errors import AttnlabError, check_count, check_flag, check_probability, whole_number
 from attnlab.nn.masks import check_attend_mask, values_unreadable
 from attnlab.nn.positions import RotaryEmbedding
 
@@ -231,7 +231,7 @@ class KVCache:
         """Keep batch rows ``index``, (rows,) long (beam search reorders hypotheses between steps)."""
         if not isinstance(index, Tensor) or index.dim() != 1 or index.dtype not in (torch.int64, torch.int32):
             given = f"{index.dtype} of shape {tuple(index.shape)}" if isinstance(index, Tensor) else type(index).__name__
-            raise AttnlabError(f"reorder takes a (rows,) tensor of row numbers (int64), got {given}")
+            raise AttnlabError(f"reorder takes a (rows,) tensor of row numbers (int64 or int32), got {given}")
         if self.k is not None and self.v is not None:
             rows = self.k.shape[0]
             if index.numel() and not values_unreadable(index) and not (0 <= int(index.min()) and int(index.max()) < rows):
@@ -305,6 +305,7 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         head_dim = head_width(d_model, num_heads, head_dim)
         check_probability("dropout", dropout)
+        check_flag("bias", bias)  # ("false" from a JSON config would keep the biases)
         if rotary is not None and rotary.head_dim != head_dim:  # it would rotate the wrong pairs, or fail in torch
             raise AttnlabError(f"the rotary embedding is {rotary.head_dim} wide but each head is {head_dim} wide; "
                                f"build it as RotaryEmbedding({head_dim}, max_positions)")

@@ -32,6 +32,7 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu", bias: bool = True) -> None:
         super().__init__()
         check_count("d_model", d_model)
+        check_flag("bias", bias)
         if not isinstance(activation, str) or activation not in ACTIVATIONS:
             raise AttnlabError(f"unknown activation {activation!r}; use {' or '.join(ACTIVATIONS)}")
         check_count("d_ff", d_ff)  # 0 would build empty matrices and silently add nothing to the residual
@@ -187,11 +188,13 @@ class DecoderLayer(nn.Module):
             raise AttnlabError("a decoder layer needs memory, the encoder's (batch, src, d_model) output, got None; "
                                "a decoder-only model stacks self-attention layers (EncoderLayer with a causal mask)")
         check_attention_inputs(x, memory, self.self_attn.d_model)
+        # (The attention allows a batch of 1 for causal masks.) One mask row for a memory of copies of one row
+        # (memory.expand(k, -1, -1): its rows share their storage) is that row's own mask, and fine.
         if isinstance(memory_attend_mask, Tensor) and memory_attend_mask.dim() == 4 \
-                and memory_attend_mask.shape[0] != memory.shape[0]:  # (the attention allows 1 for causal masks)
+                and memory_attend_mask.shape[0] != memory.shape[0] and memory.stride(0) != 0:
             raise AttnlabError(f"memory_attend_mask has a batch of {memory_attend_mask.shape[0]}, the memory a batch of "
-                               f"{memory.shape[0]}: the source's padding differs from row to row, so the mask needs "
-                               "one row for each (padding_mask(src) of the whole batch)")
+                               f"{memory.shape[0]}: each memory row needs its own padding mask (padding_mask(src) of "
+                               "the whole batch, or mask.expand(batch, -1, -1, -1) where every row has the same)")
         self_w: Tensor | None = None
         cross_w: Tensor | None = None
 

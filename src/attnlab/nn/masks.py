@@ -55,6 +55,7 @@ rank (HF's 4-D masks, seed 000's (1, 3) mask for (1, 3) scores).
 
 from __future__ import annotations
 
+import numbers
 import operator
 from collections.abc import Sequence
 
@@ -278,7 +279,8 @@ def from_torch_attn_mask(attn_mask: Tensor, *, num_heads: int | None = None) -> 
         return _from_torch_mask(attn_mask, "from_torch_attn_mask")[None, None]
     if attn_mask.dim() == 3:
         rows = attn_mask.shape[0]
-        if (isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1  # (True is not 1 head)
+        # (True is not 1 head; numpy's integers are whole numbers, as errors.whole_number takes them)
+        if (isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral) or num_heads < 1
                 or rows % num_heads):
             raise AttnlabError(
                 f"from_torch_attn_mask: a 3-D attn_mask is (batch * num_heads, queries, keys), got shape "
@@ -286,7 +288,8 @@ def from_torch_attn_mask(attn_mask: Tensor, *, num_heads: int | None = None) -> 
                 f"(it must divide {rows})"
             )
         # torch lays the rows out as sequence 0's heads, then sequence 1's: row = b * num_heads + h.
-        return _from_torch_mask(attn_mask, "from_torch_attn_mask").unflatten(0, (rows // num_heads, num_heads))
+        heads = int(num_heads)
+        return _from_torch_mask(attn_mask, "from_torch_attn_mask").unflatten(0, (rows // heads, heads))
     raise AttnlabError(
         f"from_torch_attn_mask takes a (queries, keys) or (batch * num_heads, queries, keys) attn_mask, got "
         f"shape {tuple(attn_mask.shape)}; a (batch, keys) key_padding_mask goes through from_key_padding_mask"

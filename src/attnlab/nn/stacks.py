@@ -59,18 +59,23 @@ def check_cache_list(caches: object, *, pairs: bool) -> None:
         return (isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], KVCache)
                 and (item[1] is None or isinstance(item[1], KVCache)))
 
-    if not isinstance(caches, list | tuple) or not all(fits(item) for item in caches):
-        want = "(self-attention, cross-attention) pairs of KVCache" if pairs else "KVCache objects"
-        raise AttnlabError(f"caches must be a list of {want}, one a layer, as this model's new_caches() makes; got "
-                           f"{_describe(caches)}")
-
-
-def _describe(caches: object) -> str:
-    """What ``caches`` is, in a few words: its type, and for a list the types of its entries."""
     if not isinstance(caches, list | tuple):
-        return f"a {type(caches).__name__}"
-    kinds = sorted({type(item).__name__ for item in caches})
-    return f"a {type(caches).__name__} of {', '.join(kinds)}" if kinds else f"an empty {type(caches).__name__}"
+        got = f"a {type(caches).__name__}"
+    else:
+        bad = next((i for i, item in enumerate(caches) if not fits(item)), None)
+        if bad is None:
+            return
+        got = f"entry {bad} is {_describe(caches[bad])}"
+    want = "(self-attention, cross-attention) pairs of KVCache" if pairs else "KVCache objects"
+    raise AttnlabError(f"caches must be a list of {want}, one a layer, as this model's new_caches() makes; {got}")
+
+
+def _describe(item: object) -> str:
+    """What a cache entry is, in a few words: its type, and for a tuple or list its length and entries' types."""
+    if not isinstance(item, list | tuple):
+        return f"a {type(item).__name__}"
+    inside = ", ".join(type(part).__name__ for part in item)
+    return f"a {type(item).__name__} of {len(item)} ({inside})" if item else f"an empty {type(item).__name__}"
 
 
 def _check_caches(caches: list[KVCache] | None, layers: int, ids: Tensor) -> None:
@@ -181,6 +186,7 @@ class _Stack(nn.Module):
         super().__init__()
         if positions == "rotary" and self.layer_class is not EncoderLayer:
             raise AttnlabError("the encoder-decoder decoder supports sinusoidal, learned or no positions")
+        check_flag("scale_embedding", scale_embedding)  # (by the name the models and their configs give it)
         self.embed = Embedder(
             vocab_size, d_model, max_positions=max_positions, positions=positions, scale=scale_embedding, dropout=dropout
         )

@@ -60,7 +60,7 @@ class DecodeSettings:
             raise AttnlabError(f"max_len_b (--max-len-b) must be a whole number >= 0, got {self.max_len_b!r}")
         if self.max_len_a + min(self.max_len_b, 1) < 1:  # the shortest source is 1 id (its eos)
             raise AttnlabError(f"max_len_a {self.max_len_a:g} and max_len_b {self.max_len_b} (--max-len-a, --max-len-b) "
-                               "allow no token for the shortest source, one id (an empty sentence's <eos>): the "
+                               "allow no token for the shortest source, one id (its <eos> alone): the "
                                "longest output is a * source ids + b tokens, rounded down; give a + b >= 1")
 
 
