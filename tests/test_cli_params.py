@@ -168,3 +168,16 @@ def test_python_dash_m_attnlab_is_the_attnlab_command():
                          text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1
     assert "(see 'python -m attnlab summary --help')" in bad.stderr  # the name it was called by
+
+
+def test_a_missing_part_of_an_installed_package_or_a_stub_without_a_spec_is_not_said_to_be_uninstalled(monkeypatch):
+    import sys
+    import types
+
+    from attnlab.cli.lazy import missing_package
+
+    assert missing_package(ModuleNotFoundError("no tqdm", name="tqdm")) == "tqdm"
+    assert missing_package(ModuleNotFoundError("no attnlab.x", name="attnlab.x")) is None
+    assert missing_package(ModuleNotFoundError("no scipy.nothing", name="scipy.nothing")) is None  # scipy is here
+    monkeypatch.setitem(sys.modules, "tqdm", types.ModuleType("tqdm"))  # a stand-in without __spec__: find_spec raised
+    assert missing_package(ModuleNotFoundError("no tqdm.auto", name="tqdm.auto")) is None

@@ -322,10 +322,14 @@ def test_a_missing_optional_package_is_named_in_one_line(tmp_path, glove_file):
                 f"sys.argv = ['attnlab', *{list(args)!r}]\nmain()")
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
 
-    # `attnlab --help` imports every command's module, outside any command
+    # `attnlab --help` imports every command's module, outside any command: it lists them, saying what they need
     helpless = attnlab_without("safetensors", "--help")
-    assert helpless.returncode == 2 and helpless.stderr.startswith("error: this command needs the package "
-                                                                   "safetensors"), helpless.stderr
+    assert helpless.returncode == 0 and helpless.stderr == "", helpless.stderr
+    listed = dict(line.split(None, 1) for line in helpless.stdout.split("Commands:")[1].strip().splitlines())
+    assert listed["generate"] == "(needs the package safetensors: pip install 'attnlab[all]')"
+    assert listed["summary"].startswith("Print a per-layer table")  # (it needs no optional package)
+    command = attnlab_without("safetensors", "train", "lm", "--help")  # a command given: what it needs, in one line
+    assert command.returncode == 2 and command.stderr.startswith("error: this command needs the package safetensors")
     # a part missing from an installed package is a broken installation, not "not installed": the traceback
     broken = attnlab_without("scipy.spatial", "lab", "--out", str(tmp_path / "r"), "--glove", str(glove_file))
     assert broken.returncode == 1 and "ModuleNotFoundError" in broken.stderr and "not installed" not in broken.stderr
@@ -334,7 +338,7 @@ def test_a_missing_optional_package_is_named_in_one_line(tmp_path, glove_file):
 def test_the_optional_packages_named_are_those_of_the_all_extra():
     import tomllib
 
-    from attnlab.cli.main import OPTIONAL_PACKAGES
+    from attnlab.cli.lazy import OPTIONAL_PACKAGES
 
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
     extra = {re.split(r"[<>=!~\[ ]", spec)[0] for spec in pyproject["project"]["optional-dependencies"]["all"]}
@@ -521,7 +525,8 @@ def test_a_folder_where_a_report_file_goes_is_refused_before_anything_is_replace
     assert sorted(p.name for p in out.iterdir()) == ["index.html", "numbers.json"]  # no staging folder left
 
 
-@pytest.mark.parametrize("numbers", ["old", "none", "link to another file system", "link to no file yet"])
+@pytest.mark.parametrize("numbers", ["old", "none", "link to another file system", "link to no file yet",
+                                     "old, put back in vain"])
 def test_a_page_that_cannot_be_moved_in_takes_its_new_numbers_back_out(tmp_path, glove_file, monkeypatch, numbers):
     # The numbers are moved in first, the page last: a failure (or Ctrl-C) between the two left the old page
     # beside the new numbers, a report that looked finished and disagreed with itself.
@@ -533,11 +538,12 @@ def test_a_page_that_cannot_be_moved_in_takes_its_new_numbers_back_out(tmp_path,
     out.mkdir()
     elsewhere.mkdir()
     (out / "index.html").write_text("old page")
-    target = {"old": out / "numbers.json", "link to another file system": elsewhere / "n.json",
+    target = {"old": out / "numbers.json", "old, put back in vain": out / "numbers.json",
+              "link to another file system": elsewhere / "n.json",
               "link to no file yet": elsewhere / "new.json"}.get(numbers)
     if numbers != "none" and target != out / "numbers.json":
         (out / "numbers.json").symlink_to(target)
-    if numbers in ("old", "link to another file system"):
+    if numbers in ("old", "link to another file system", "old, put back in vain"):
         target.write_text("{\"old\": 1}")
     real_replace = os.replace
 
@@ -553,6 +559,8 @@ def test_a_page_that_cannot_be_moved_in_takes_its_new_numbers_back_out(tmp_path,
         moves.append(Path(dest).name)
         if len(moves) == 2:
             raise KeyboardInterrupt
+        if len(moves) == 3 and numbers == "old, put back in vain":  # (its own failure must not replace Ctrl-C)
+            raise AttnlabError(f"cannot write {dest}: No space left on device")
         real_move(source, dest)
 
     monkeypatch.setattr(report, "move_into_place", second_move_interrupted)

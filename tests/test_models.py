@@ -571,6 +571,8 @@ def test_a_memory_mask_of_one_row_is_refused_for_a_batch_of_several():
     copies = model.decode(tgt, one.expand(2, -1, -1), memory_attend_mask=one_mask)[0]
     torch.testing.assert_close(copies, model.decode(tgt, one.expand(2, -1, -1),
                                                     memory_attend_mask=one_mask.expand(2, -1, -1, -1))[0], rtol=0, atol=0)
+    with pytest.raises(AttnlabError, match="memory_attend_mask has a batch of 2, the memory a batch of 4"):
+        model.decode(tgt[:1].expand(4, -1), one.expand(4, -1, -1), memory_attend_mask=one_mask.expand(2, -1, -1, -1))
 
 
 def test_rotary_positions_keep_to_the_context_without_layers_too():
@@ -593,7 +595,7 @@ def test_caches_of_another_kind_are_named_before_they_are_read():
         seq2seq.decode(ids, memory, memory_attend_mask=mask, caches=lm.new_caches())
     with pytest.raises(AttnlabError, match=r"entry 1 is a tuple of 1 \(KVCache\)"):  # a pair short of its second
         seq2seq.decode(ids, memory, memory_attend_mask=mask, caches=[seq2seq.new_caches()[0], (KVCache(),)])
-    with pytest.raises(AttnlabError, match="makes; a KVCache"):
+    with pytest.raises(AttnlabError, match="makes; got a KVCache"):
         lm(ids, caches=KVCache())
     with pytest.raises(AttnlabError, match="cache must be a KVCache"):
         MultiHeadAttention(8, 2)(torch.ones(1, 2, 8), cache=[])

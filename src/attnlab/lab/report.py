@@ -198,7 +198,7 @@ class Staging:
         try:
             move_into_place(self.path / HTML_NAME, self.out / HTML_NAME)
         except BaseException:
-            with contextlib.suppress(OSError):  # (the page's own failure is what is said)
+            with contextlib.suppress(OSError, AttnlabError):  # (the page's own failure is what is said)
                 if kept:  # through a link, onto another file system too, as the numbers went
                     move_into_place(previous, numbers)
                 elif created:

@@ -190,8 +190,9 @@ class DecoderLayer(nn.Module):
         check_attention_inputs(x, memory, self.self_attn.d_model)
         # (The attention allows a batch of 1 for causal masks.) One mask row for a memory of copies of one row
         # (memory.expand(k, -1, -1): its rows share their storage) is that row's own mask, and fine.
+        copies = memory.shape[0] > 1 and memory.stride(0) == 0
         if isinstance(memory_attend_mask, Tensor) and memory_attend_mask.dim() == 4 \
-                and memory_attend_mask.shape[0] != memory.shape[0] and memory.stride(0) != 0:
+                and memory_attend_mask.shape[0] != memory.shape[0] and not (copies and memory_attend_mask.shape[0] == 1):
             raise AttnlabError(f"memory_attend_mask has a batch of {memory_attend_mask.shape[0]}, the memory a batch of "
                                f"{memory.shape[0]}: each memory row needs its own padding mask (padding_mask(src) of "
                                "the whole batch, or mask.expand(batch, -1, -1, -1) where every row has the same)")

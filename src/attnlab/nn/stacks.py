@@ -60,12 +60,12 @@ def check_cache_list(caches: object, *, pairs: bool) -> None:
                 and (item[1] is None or isinstance(item[1], KVCache)))
 
     if not isinstance(caches, list | tuple):
-        got = f"a {type(caches).__name__}"
+        got = f"got a {type(caches).__name__}"
     else:
         bad = next((i for i, item in enumerate(caches) if not fits(item)), None)
         if bad is None:
             return
-        got = f"entry {bad} is {_describe(caches[bad])}"
+        got = f"got one whose entry {bad} is {_describe(caches[bad])}"
     want = "(self-attention, cross-attention) pairs of KVCache" if pairs else "KVCache objects"
     raise AttnlabError(f"caches must be a list of {want}, one a layer, as this model's new_caches() makes; {got}")
 
