@@ -39,16 +39,6 @@ COMMANDS: dict[str, str] = {
     "experiment": "attnlab.cli.experiment:experiment",
 }
 
-def _missing_package(err: ModuleNotFoundError) -> str | None:
-    """The line to say when ``err`` is an optional package that is not installed (see
-    :func:`~attnlab.cli.lazy.missing_package`); None for anything else."""
-    package = missing_package(err)
-    if package is None:
-        return None
-    return (f"this command needs the package {package}, which is not installed: pip install 'attnlab[all]' "
-            f"(or pip install {package})")
-
-
 def _rank_prefix() -> str:
     """``[rank N] `` in the lines of a process other than the first under torchrun (every process reports its
     own error, and they are told apart), nothing otherwise."""
@@ -86,11 +76,12 @@ class _MainGroup(LazyGroup):
         except AttnlabError as err:  # raised outside a command: the help text written to a closed stdout
             _error(str(err))
             sys.exit(2)
-        except ModuleNotFoundError as err:  # outside a command too: `attnlab --help` imports every command's module
-            said = _missing_package(err)
-            if said is None:
+        except ModuleNotFoundError as err:  # a command's, or `attnlab --help`'s, which imports every command module
+            package = missing_package(err)  # (None: not an optional package, but a part of attnlab or torch missing)
+            if package is None:
                 raise
-            _error(said)
+            _error(f"this command needs the package {package}, which is not installed: pip install 'attnlab[all]' "
+                   f"(or pip install {package})")
             sys.exit(2)
         sys.exit(code if isinstance(code, int) else 0)
 
@@ -99,12 +90,6 @@ class _MainGroup(LazyGroup):
             return super().invoke(ctx)
         except AttnlabError as err:
             _error(str(err))
-            ctx.exit(2)
-        except ModuleNotFoundError as err:
-            said = _missing_package(err)
-            if said is None:
-                raise
-            _error(said)
             ctx.exit(2)
         except BrokenPipeError as err:
             if not _stdout_reader_left():

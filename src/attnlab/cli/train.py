@@ -74,9 +74,11 @@ def _say_what_is_kept(out: Path, saves_more: str, *, any_rank: bool = False) -> 
     from attnlab.training.checkpoint import CHECKPOINT, CONFIG, checkpoint_progress, has_checkpoint
     from attnlab.training.distributed import is_main_process
 
-    if (any_rank or is_main_process()) and has_checkpoint(out):
+    if not (any_rank or is_main_process()):
+        return
+    if has_checkpoint(out):
         click.echo(f"the checkpoint of step {checkpoint_progress(out)[0]} is kept in {out / CHECKPOINT}; "
                    "continue with the same command and --resume", err=True)
-    elif (any_rank or is_main_process()) and (out / CONFIG).exists():
+    elif (out / CONFIG).exists():
         click.echo(f"no checkpoint yet: the same command with --resume starts {out} again from step 0 "
                    f"({saves_more})", err=True)

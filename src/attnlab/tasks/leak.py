@@ -31,7 +31,6 @@ from attnlab.checks import Contract, run_checks
 from attnlab.checks.report import CheckReport
 from attnlab.errors import AttnlabError
 from attnlab.files import (
-    atomic_path,
     ensure_writable_dir,
     holding_run_folder,
     write_json_atomic,
@@ -42,6 +41,7 @@ from attnlab.tasks.lm import LMData, load_lm_data, random_windows, seeded_genera
 from attnlab.tasks.lm_train import LMSettings, train_language_model
 from attnlab.tasks.sampling import generate
 from attnlab.training.checkpoint import METRICS_FILE, load_run, read_metrics, refuse_bad_run_path, register_model
+from attnlab.training.plots import save_figure
 
 #: The short budget both models get (seconds each on two CPU cores). Rotary positions make "attend to the
 #: next position" the same pattern at every position, so the unmasked model finds the copy within this budget
@@ -145,8 +145,7 @@ def _plot(out_png: Path, rows: list[LeakRow], curves: dict[str, list[tuple[int, 
     right.legend(fontsize=8)
     right.grid(axis="y", linestyle="--", alpha=0.4)
     fig.tight_layout()
-    with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
+    save_figure(fig, out_png, option="the leak plot", dpi=100)
     plt.close(fig)
 
 

@@ -63,6 +63,5 @@ def plot_loss_curve(metrics_path: str | Path, out_png: str | Path) -> None:
     ax.grid(linestyle="--", alpha=0.4)
     ax.legend()
     fig.tight_layout()
-    with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
+    save_figure(fig, out_png, option="the loss curve", dpi=100)
     plt.close(fig)
