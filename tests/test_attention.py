@@ -268,6 +268,67 @@ def test_a_cache_truncates_to_a_length_and_refuses_a_negative_one():
     assert len(cache) == 0 and cache.k is None
 
 
+def _kv(positions: int, fill: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of ``positions`` new positions, (1, 2, positions, 4), filled with ``fill`` and ``-fill``."""
+    return torch.full((1, 2, positions, 4), fill), torch.full((1, 2, positions, 4), -fill)
+
+
+def test_a_cache_appends_in_place_without_copying_what_it_has_seen():
+    cache = KVCache()
+    with torch.no_grad():
+        for step in range(3):  # a prompt of 3, then two single positions: the second lands in room left by the first
+            cache.append(*_kv(3 if step == 0 else 1, float(step)))
+            if step == 1:
+                storage = cache.k.untyped_storage().data_ptr()
+        assert cache.k.untyped_storage().data_ptr() == storage  # written in place, not concatenated afresh
+    assert len(cache) == 5
+    assert cache.k[0, 0, :, 0].tolist() == [0.0, 0.0, 0.0, 1.0, 2.0]
+    assert cache.v[0, 1, :, 3].tolist() == [-0.0, -0.0, -0.0, -1.0, -2.0]
+
+
+def test_a_cache_never_changes_keys_it_has_handed_out():
+    cache = KVCache()
+    with torch.inference_mode():
+        cache.append(*_kv(2, 1.0))
+        k, v = cache.append(*_kv(1, 2.0))  # views of the cache's buffers
+        held = k.clone(), v.clone()
+        cache.append(*_kv(1, 3.0))
+        cache.truncate(2)  # cut back, then grown again: the position k holds as its third is not overwritten
+        cache.append(*_kv(1, 4.0))
+        cache.reorder(torch.tensor([0]))
+        cache.append(*_kv(1, 5.0))
+    assert torch.equal(k, held[0]) and torch.equal(v, held[1])
+    assert cache.k[0, 0, :, 0].tolist() == [1.0, 1.0, 4.0, 5.0]
+    with torch.no_grad():  # buffers made in inference mode are not written outside it: new ones are made
+        cache.append(*_kv(1, 6.0))
+    assert cache.k[0, 0, :, 0].tolist() == [1.0, 1.0, 4.0, 5.0, 6.0]
+
+
+def test_a_cache_keeps_what_autograd_saved_when_steps_are_recorded():
+    torch.manual_seed(0)
+    mha, x = MultiHeadAttention(8, 2).eval(), torch.randn(1, 4, 8)
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    full = mha(x, attend_mask=causal.view(1, 1, 4, 4))[0]
+    full.square().sum().backward()
+    want = [p.grad.clone() for p in mha.parameters()]
+    mha.zero_grad()
+    cache = KVCache()  # one position at a time, every step recorded: a write into keys a step saved would
+    steps = [mha(x[:, i : i + 1], cache=cache)[0] for i in range(4)]  # fail the backward (or change it)
+    torch.cat(steps, dim=1).square().sum().backward()
+    for got, expected in zip((p.grad for p in mha.parameters()), want, strict=True):
+        torch.testing.assert_close(got, expected)
+
+
+def test_a_cache_concatenates_positions_of_another_dtype_as_torch_cat_does():
+    cache = KVCache()
+    with torch.no_grad():
+        cache.append(*_kv(2, 1.0))
+        cache.append(*(t.double() for t in _kv(1, 2.0)))
+        assert cache.k.dtype == torch.float64 and len(cache) == 3
+        with pytest.raises(RuntimeError, match="Sizes of tensors must match"):
+            cache.append(torch.zeros(1, 3, 1, 4), torch.zeros(1, 3, 1, 4))  # 3 heads where the cache holds 2
+
+
 def test_rotary_attention_refuses_memory_instead_of_dropping_its_positions():
     mha = MultiHeadAttention(8, 2, rotary=RotaryEmbedding(4, 16)).eval()
     assert mha(torch.randn(1, 5, 8))[0].shape == (1, 5, 8)

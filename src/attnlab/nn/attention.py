@@ -200,6 +200,14 @@ class KVCache:
     For self-attention each step appends the new positions; for cross-attention the encoder's keys
     and values are stored on the first step and reused on every later one.
 
+    Appending writes into buffers with room to spare, whose capacity doubles when full, instead of
+    concatenating: ``torch.cat`` copied the whole cache at every step (each generated token cost O(seen)
+    copies, a quarter of a cached step at a context of 256). ``k`` and ``v`` are views of the positions
+    seen; a tensor once handed out is never written again (a write goes past its end, or into new buffers
+    when ``k`` or ``v`` were replaced, cut by :meth:`truncate` or reordered). Steps that autograd records
+    (gradients enabled, inputs needing them) concatenate as before: an in-place write would invalidate the
+    views earlier steps saved for the backward pass.
+
     Attributes:
         k, v: (batch, heads, seen, head_dim), or None before the first step.
     """
@@ -207,6 +215,8 @@ class KVCache:
     def __init__(self) -> None:
         self.k: Tensor | None = None
         self.v: Tensor | None = None
+        self._buffers: tuple[Tensor, Tensor] | None = None  # (batch, heads, capacity, head_dim) each
+        self._views: tuple[Tensor, Tensor] | None = None  # the k and v these buffers were last viewed as
 
     def __len__(self) -> int:
         return 0 if self.k is None else self.k.shape[-2]
@@ -217,9 +227,34 @@ class KVCache:
         if self.k is not None and k.shape[0] != self.k.shape[0]:  # torch.cat would name only tensor sizes
             raise AttnlabError(f"this cache holds a batch of {self.k.shape[0]}, the new positions a batch of "
                                f"{k.shape[0]}; one cache follows one batch (reorder() keeps a subset of its rows)")
-        self.k = k if self.k is None else torch.cat((self.k, k), dim=-2)
-        self.v = v if self.v is None else torch.cat((self.v, v), dim=-2)
+        if self.k is None or self.v is None:  # the first step: kept as given (a cross-attention cache stays so)
+            self.k, self.v, self._buffers, self._views = k, v, None, None
+        elif self._recorded(k, v) or not (_same_layout(self.k, k) and _same_layout(self.v, v)):
+            # (torch.cat promotes mixed dtypes, and names mismatched sizes in its error)
+            self.k, self.v, self._buffers, self._views = torch.cat((self.k, k), -2), torch.cat((self.v, v), -2), None, None
+        else:
+            seen, total = self.k.shape[-2], self.k.shape[-2] + k.shape[-2]
+            if not self._has_room(total):
+                self._buffers = (_grown(self.k, 2 * total), _grown(self.v, 2 * total))
+            k_buffer, v_buffer = self._buffers
+            k_buffer[..., seen:total, :].copy_(k)
+            v_buffer[..., seen:total, :].copy_(v)
+            self.k, self.v = k_buffer[..., :total, :], v_buffer[..., :total, :]
+            self._views = (self.k, self.v)
         return self.k, self.v
+
+    def _recorded(self, k: Tensor, v: Tensor) -> bool:
+        """Whether autograd records this step (an in-place write would break the backward of earlier steps)."""
+        return torch.is_grad_enabled() and any(t.requires_grad for t in (self.k, self.v, k, v) if t is not None)
+
+    def _has_room(self, total: int) -> bool:
+        """Whether the buffers still hold ``k`` and ``v`` as they are (neither replaced, cut nor reordered since
+        the last append), have room for ``total`` positions, and may be written here."""
+        if self._buffers is None or self._views is None or self.k is not self._views[0] or self.v is not self._views[1]:
+            return False
+        # (a tensor made in inference mode can be written only inside it)
+        return all(buffer.shape[-2] >= total and (torch.is_inference_mode_enabled() or not buffer.is_inference())
+                   for buffer in self._buffers)
 
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` positions (none: the cache is empty again)."""
@@ -238,6 +273,20 @@ class KVCache:
                 raise AttnlabError(f"reorder: row numbers must be 0..{rows - 1} (the cache holds {rows} rows), got "
                                    f"{index.min().item()}..{index.max().item()}")
             self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+
+def _same_layout(seen: Tensor, new: Tensor) -> bool:
+    """Whether ``new`` positions can be written after ``seen`` ones as they are: the same batch, heads, head
+    width, dtype and device."""
+    return (seen.shape[:-2] == new.shape[:-2] and seen.shape[-1] == new.shape[-1] and seen.dtype == new.dtype
+            and seen.device == new.device)
+
+
+def _grown(seen: Tensor, capacity: int) -> Tensor:
+    """A buffer of ``capacity`` positions holding ``seen`` (batch, heads, seen, head_dim) first."""
+    buffer = seen.new_empty((*seen.shape[:-2], capacity, seen.shape[-1]))
+    buffer[..., : seen.shape[-2], :].copy_(seen)
+    return buffer
 
 
 @contextlib.contextmanager
