@@ -319,6 +319,60 @@ def test_a_cache_keeps_what_autograd_saved_when_steps_are_recorded():
         torch.testing.assert_close(got, expected)
 
 
+def test_a_cache_used_with_a_query_that_needs_gradients_keeps_the_keys_the_backward_needs():
+    torch.manual_seed(0)
+    wq = torch.randn(4, 4, requires_grad=True)  # only the query projection is trained: k and v need no gradient
+    cache, outputs = KVCache(), []
+    for _ in range(3):
+        x = torch.randn(1, 2, 1, 4)
+        k, v = cache.append(x, 2 * x)
+        outputs.append(scaled_dot_product_attention(x @ wq, k, v)[0])
+    torch.cat(outputs, dim=-2).sum().backward()  # a key written in place after a step saved it would fail here
+    assert wq.grad is not None and torch.isfinite(wq.grad).all()
+
+
+def test_a_copied_cache_writes_its_own_positions():
+    import copy
+    import pickle
+
+    with torch.no_grad():
+        cache = KVCache()
+        cache.append(*_kv(2, 0.0))
+        cache.append(*_kv(1, 1.0))  # buffers with room for more
+        twin, frozen = copy.copy(cache), pickle.loads(pickle.dumps(cache))
+        held, _ = cache.append(*_kv(1, 2.0))
+        twin.append(*_kv(1, 3.0))  # into the same room it would overwrite the original's fourth position
+    assert cache.k[0, 0, :, 0].tolist() == held[0, 0, :, 0].tolist() == [0.0, 0.0, 1.0, 2.0]
+    assert twin.k[0, 0, :, 0].tolist() == [0.0, 0.0, 1.0, 3.0]
+    assert frozen.k[0, 0, :, 0].tolist() == [0.0, 0.0, 1.0] and len(frozen) == 3
+    data = sum(t.numel() * t.element_size() for t in (frozen.k, frozen.v))
+    assert len(pickle.dumps(cache)) < 2 * data + 2000  # the positions, not the buffers' spare room
+
+
+def test_a_cache_keeps_keys_and_values_of_different_lengths_for_the_attention_to_refuse():
+    with torch.no_grad():
+        cache = KVCache()
+        cache.append(*_kv(3, 0.0))
+        cache.append(*_kv(1, 1.0))
+        k, v = cache.append(torch.full((1, 2, 2, 4), 7.0), torch.full((1, 2, 1, 4), -7.0))
+    assert (k.shape[-2], v.shape[-2]) == (6, 5)  # one value is not spread over two positions
+
+
+def test_a_reordered_cache_keeps_its_room_and_its_rows():
+    with torch.no_grad():
+        cache = KVCache()
+        rows = torch.arange(3.0).view(3, 1, 1, 1)
+        cache.append(rows.expand(3, 2, 2, 4).clone(), -rows.expand(3, 2, 2, 4).clone())
+        cache.append(10 + rows.expand(3, 2, 1, 4), -10 - rows.expand(3, 2, 1, 4))
+        cache.reorder(torch.tensor([2, 2, 0]))  # beam search: the best rows, one twice
+        storage = cache.k.untyped_storage().data_ptr()
+        cache.append(20 + rows.expand(3, 2, 1, 4), -20 - rows.expand(3, 2, 1, 4))
+        assert cache.k.untyped_storage().data_ptr() == storage  # appended into the reordered room
+    assert cache.k[:, 0, :, 0].tolist() == [[2.0, 2.0, 12.0, 20.0], [2.0, 2.0, 12.0, 21.0], [0.0, 0.0, 10.0, 22.0]]
+    assert cache.v[:, 1, :, 3].tolist() == [[-2.0, -2.0, -12.0, -20.0], [-2.0, -2.0, -12.0, -21.0],
+                                            [-0.0, -0.0, -10.0, -22.0]]
+
+
 def test_a_cache_concatenates_positions_of_another_dtype_as_torch_cat_does():
     cache = KVCache()
     with torch.no_grad():

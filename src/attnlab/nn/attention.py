@@ -203,10 +203,11 @@ class KVCache:
     Appending writes into buffers with room to spare, whose capacity doubles when full, instead of
     concatenating: ``torch.cat`` copied the whole cache at every step (each generated token cost O(seen)
     copies, a quarter of a cached step at a context of 256). ``k`` and ``v`` are views of the positions
-    seen; a tensor once handed out is never written again (a write goes past its end, or into new buffers
-    when ``k`` or ``v`` were replaced, cut by :meth:`truncate` or reordered). Steps that autograd records
-    (gradients enabled, inputs needing them) concatenate as before: an in-place write would invalidate the
-    views earlier steps saved for the backward pass.
+    seen (not contiguous after the second step); a tensor once handed out is never written again (a write
+    goes past its end, or into new buffers when ``k`` or ``v`` were replaced or cut by :meth:`truncate`, and
+    a copy (``copy.copy``) gets buffers of its own). With gradients enabled steps concatenate as before: an
+    in-place write would invalidate the keys earlier steps saved for the backward pass. A pickled cache holds
+    its positions only, not the spare room.
 
     Attributes:
         k, v: (batch, heads, seen, head_dim), or None before the first step.
@@ -221,6 +222,21 @@ class KVCache:
     def __len__(self) -> int:
         return 0 if self.k is None else self.k.shape[-2]
 
+    def __copy__(self) -> KVCache:
+        """The same keys and values, without the buffers: two caches writing one buffer's room would overwrite
+        each other's next positions."""
+        copied = KVCache()
+        copied.k, copied.v = self.k, self.v
+        return copied
+
+    def __getstate__(self) -> dict[str, Tensor | None]:
+        """The positions seen, without the buffers' room (pickle and ``copy.deepcopy``)."""
+        return {name: None if t is None else t.contiguous() for name, t in (("k", self.k), ("v", self.v))}
+
+    def __setstate__(self, state: dict[str, Tensor | None]) -> None:
+        self.__init__()
+        self.k, self.v = state["k"], state["v"]
+
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add new positions, (batch, heads, new, head_dim) each, and return all keys and values seen so far,
         (batch, heads, seen + new, head_dim)."""
@@ -229,8 +245,10 @@ class KVCache:
                                f"{k.shape[0]}; one cache follows one batch (reorder() keeps a subset of its rows)")
         if self.k is None or self.v is None:  # the first step: kept as given (a cross-attention cache stays so)
             self.k, self.v, self._buffers, self._views = k, v, None, None
-        elif self._recorded(k, v) or not (_same_layout(self.k, k) and _same_layout(self.v, v)):
-            # (torch.cat promotes mixed dtypes, and names mismatched sizes in its error)
+        elif (torch.is_grad_enabled() or not (_same_layout(self.k, k) and _same_layout(self.v, v))
+              or k.shape[-2] != v.shape[-2] or self.k.shape[-2] != self.v.shape[-2]):
+            # (torch.cat promotes mixed dtypes, names mismatched sizes in its error, and keeps keys and values of
+            # different lengths as they are, for the attention to refuse; a copy into room would broadcast them)
             self.k, self.v, self._buffers, self._views = torch.cat((self.k, k), -2), torch.cat((self.v, v), -2), None, None
         else:
             seen, total = self.k.shape[-2], self.k.shape[-2] + k.shape[-2]
@@ -243,18 +261,16 @@ class KVCache:
             self._views = (self.k, self.v)
         return self.k, self.v
 
-    def _recorded(self, k: Tensor, v: Tensor) -> bool:
-        """Whether autograd records this step (an in-place write would break the backward of earlier steps)."""
-        return torch.is_grad_enabled() and any(t.requires_grad for t in (self.k, self.v, k, v) if t is not None)
+    def _holds_buffers(self) -> bool:
+        """Whether ``k`` and ``v`` are still the views of the buffers (neither replaced nor cut since)."""
+        return self._views is not None and self.k is self._views[0] and self.v is self._views[1]
 
     def _has_room(self, total: int) -> bool:
-        """Whether the buffers still hold ``k`` and ``v`` as they are (neither replaced, cut nor reordered since
-        the last append), have room for ``total`` positions, and may be written here."""
-        if self._buffers is None or self._views is None or self.k is not self._views[0] or self.v is not self._views[1]:
-            return False
+        """Whether the buffers hold ``k`` and ``v``, have room for ``total`` positions, and may be written here."""
         # (a tensor made in inference mode can be written only inside it)
-        return all(buffer.shape[-2] >= total and (torch.is_inference_mode_enabled() or not buffer.is_inference())
-                   for buffer in self._buffers)
+        return self._holds_buffers() and all(
+            buffer.shape[-2] >= total and (torch.is_inference_mode_enabled() or not buffer.is_inference())
+            for buffer in self._buffers or ())
 
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` positions (none: the cache is empty again)."""
@@ -272,7 +288,13 @@ class KVCache:
             if index.numel() and not values_unreadable(index) and not (0 <= int(index.min()) and int(index.max()) < rows):
                 raise AttnlabError(f"reorder: row numbers must be 0..{rows - 1} (the cache holds {rows} rows), got "
                                    f"{index.min().item()}..{index.max().item()}")
-            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+            if self._holds_buffers() and self._buffers is not None:  # the rows with their room (beam search
+                seen = len(self)  # reorders at every step: appends stay in place, memory stays one set of buffers)
+                self._buffers = tuple(buffer.index_select(0, index) for buffer in self._buffers)
+                self.k, self.v = (buffer[..., :seen, :] for buffer in self._buffers)
+                self._views = (self.k, self.v)
+            else:
+                self.k, self.v, self._buffers, self._views = self.k.index_select(0, index), self.v.index_select(0, index), None, None
 
 
 def _same_layout(seen: Tensor, new: Tensor) -> bool:
