@@ -275,7 +275,7 @@ def _kv(positions: int, fill: float) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_a_cache_appends_in_place_without_copying_what_it_has_seen():
     cache = KVCache()
-    with torch.no_grad():
+    with torch.inference_mode():
         for step in range(3):  # a prompt of 3, then two single positions: the second lands in room left by the first
             cache.append(*_kv(3 if step == 0 else 1, float(step)))
             if step == 1:
@@ -299,9 +299,22 @@ def test_a_cache_never_changes_keys_it_has_handed_out():
         cache.append(*_kv(1, 5.0))
     assert torch.equal(k, held[0]) and torch.equal(v, held[1])
     assert cache.k[0, 0, :, 0].tolist() == [1.0, 1.0, 4.0, 5.0]
-    with torch.no_grad():  # buffers made in inference mode are not written outside it: new ones are made
+    with torch.no_grad():  # outside inference mode a step concatenates
         cache.append(*_kv(1, 6.0))
     assert cache.k[0, 0, :, 0].tolist() == [1.0, 1.0, 4.0, 5.0, 6.0]
+    assert torch.equal(k, held[0]) and torch.equal(v, held[1])
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # (forward_ad imports it)
+def test_a_cache_outside_inference_mode_keeps_forward_mode_tangents():
+    import torch.autograd.forward_ad as fwad
+
+    cache = KVCache()
+    with fwad.dual_level(), torch.no_grad():  # no_grad leaves forward-mode AD on
+        for step in range(3):
+            k = fwad.make_dual(torch.full((1, 1, 1, 2), float(step)), torch.full((1, 1, 1, 2), 10.0 + step))
+            keys, _ = cache.append(k, k)
+        assert fwad.unpack_dual(keys).tangent[0, 0, :, 0].tolist() == [10.0, 11.0, 12.0]
 
 
 def test_a_cache_keeps_what_autograd_saved_when_steps_are_recorded():
@@ -335,7 +348,7 @@ def test_a_copied_cache_writes_its_own_positions():
     import copy
     import pickle
 
-    with torch.no_grad():
+    with torch.inference_mode():
         cache = KVCache()
         cache.append(*_kv(2, 0.0))
         cache.append(*_kv(1, 1.0))  # buffers with room for more
@@ -349,8 +362,51 @@ def test_a_copied_cache_writes_its_own_positions():
     assert len(pickle.dumps(cache)) < 2 * data + 2000  # the positions, not the buffers' spare room
 
 
-def test_a_cache_keeps_keys_and_values_of_different_lengths_for_the_attention_to_refuse():
+def test_keys_handed_out_without_gradients_serve_a_backward_after_the_cache_moved_on():
+    torch.manual_seed(0)
+    cache = KVCache()
     with torch.no_grad():
+        cache.append(*_kv(2, 1.0))
+        k, v = cache.append(*_kv(1, 2.0))  # views of the buffers
+    q = torch.randn(1, 2, 1, 4, requires_grad=True)
+    out = (q @ k.transpose(-1, -2)).softmax(-1) @ v  # autograd saves k and v
+    with torch.no_grad():
+        cache.append(*_kv(1, 3.0))  # written past their end: nothing they hold changed
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+class _TaggedCache(KVCache):
+    def __init__(self, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+
+
+def test_a_cache_subclass_survives_copy_deepcopy_and_pickle_with_its_attributes():
+    import copy
+    import pickle
+
+    cache = _TaggedCache(3)
+    with torch.inference_mode():
+        cache.append(*_kv(2, 1.0))
+        cache.append(*_kv(1, 2.0))
+    for twin in (copy.copy(cache), copy.deepcopy(cache), pickle.loads(pickle.dumps(cache))):
+        assert type(twin) is _TaggedCache and twin.layer == 3 and twin.k[0, 0, :, 0].tolist() == [1.0, 1.0, 2.0]
+
+
+def test_a_pickled_cache_of_one_row_and_one_head_holds_its_positions_only():
+    import pickle
+
+    cache = KVCache()
+    with torch.inference_mode():
+        cache.append(torch.ones(1, 1, 64, 32), torch.ones(1, 1, 64, 32))
+        cache.append(torch.ones(1, 1, 1, 32), torch.ones(1, 1, 1, 32))  # a contiguous view of a 130-position room
+    data = 2 * 65 * 32 * 4
+    assert len(pickle.dumps(cache)) < data + 2000
+
+
+def test_a_cache_keeps_keys_and_values_of_different_lengths_for_the_attention_to_refuse():
+    with torch.inference_mode():
         cache = KVCache()
         cache.append(*_kv(3, 0.0))
         cache.append(*_kv(1, 1.0))
@@ -359,7 +415,7 @@ def test_a_cache_keeps_keys_and_values_of_different_lengths_for_the_attention_to
 
 
 def test_a_reordered_cache_keeps_its_room_and_its_rows():
-    with torch.no_grad():
+    with torch.inference_mode():
         cache = KVCache()
         rows = torch.arange(3.0).view(3, 1, 1, 1)
         cache.append(rows.expand(3, 2, 2, 4).clone(), -rows.expand(3, 2, 2, 4).clone())
@@ -375,7 +431,7 @@ def test_a_reordered_cache_keeps_its_room_and_its_rows():
 
 def test_a_cache_concatenates_positions_of_another_dtype_as_torch_cat_does():
     cache = KVCache()
-    with torch.no_grad():
+    with torch.inference_mode():
         cache.append(*_kv(2, 1.0))
         cache.append(*(t.double() for t in _kv(1, 2.0)))
         assert cache.k.dtype == torch.float64 and len(cache) == 3

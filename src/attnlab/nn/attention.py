@@ -202,12 +202,13 @@ class KVCache:
 
     Appending writes into buffers with room to spare, whose capacity doubles when full, instead of
     concatenating: ``torch.cat`` copied the whole cache at every step (each generated token cost O(seen)
-    copies, a quarter of a cached step at a context of 256). ``k`` and ``v`` are views of the positions
+    copies, a quarter of a cached step at a context of 256). This is done in inference mode only
+    (``torch.inference_mode()``, where generation and the decoders run): its tensors carry neither autograd
+    history nor version counters, so no backward pass, forward-mode tangent or ``torch.func`` transform can see
+    the writes; anywhere else a step concatenates as before. ``k`` and ``v`` are then views of the positions
     seen (not contiguous after the second step); a tensor once handed out is never written again (a write
     goes past its end, or into new buffers when ``k`` or ``v`` were replaced or cut by :meth:`truncate`, and
-    a copy (``copy.copy``) gets buffers of its own). With gradients enabled steps concatenate as before: an
-    in-place write would invalidate the keys earlier steps saved for the backward pass. A pickled cache holds
-    its positions only, not the spare room.
+    a copy (``copy.copy``) gets buffers of its own). A pickled cache holds its positions only, not the room.
 
     Attributes:
         k, v: (batch, heads, seen, head_dim), or None before the first step.
@@ -223,19 +224,19 @@ class KVCache:
         return 0 if self.k is None else self.k.shape[-2]
 
     def __copy__(self) -> KVCache:
-        """The same keys and values, without the buffers: two caches writing one buffer's room would overwrite
-        each other's next positions."""
-        copied = KVCache()
-        copied.k, copied.v = self.k, self.v
+        """The same keys and values (and any other attributes), without the buffers: two caches writing one
+        buffer's room would overwrite each other's next positions."""
+        copied = type(self).__new__(type(self))
+        copied.__dict__.update(self.__dict__, _buffers=None, _views=None)
         return copied
 
-    def __getstate__(self) -> dict[str, Tensor | None]:
-        """The positions seen, without the buffers' room (pickle and ``copy.deepcopy``)."""
-        return {name: None if t is None else t.contiguous() for name, t in (("k", self.k), ("v", self.v))}
+    def __getstate__(self) -> dict[str, object]:
+        """The attributes, with the positions seen only, not the buffers' room (pickle and ``copy.deepcopy``)."""
+        return {**self.__dict__, "_buffers": None, "_views": None,
+                **{name: _compact(t) for name, t in (("k", self.k), ("v", self.v))}}
 
-    def __setstate__(self, state: dict[str, Tensor | None]) -> None:
-        self.__init__()
-        self.k, self.v = state["k"], state["v"]
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update({"k": None, "v": None, **state, "_buffers": None, "_views": None})
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add new positions, (batch, heads, new, head_dim) each, and return all keys and values seen so far,
@@ -245,16 +246,16 @@ class KVCache:
                                f"{k.shape[0]}; one cache follows one batch (reorder() keeps a subset of its rows)")
         if self.k is None or self.v is None:  # the first step: kept as given (a cross-attention cache stays so)
             self.k, self.v, self._buffers, self._views = k, v, None, None
-        elif (torch.is_grad_enabled() or not (_same_layout(self.k, k) and _same_layout(self.v, v))
+        elif (not torch.is_inference_mode_enabled() or not (_same_layout(self.k, k) and _same_layout(self.v, v))
               or k.shape[-2] != v.shape[-2] or self.k.shape[-2] != self.v.shape[-2]):
             # (torch.cat promotes mixed dtypes, names mismatched sizes in its error, and keeps keys and values of
             # different lengths as they are, for the attention to refuse; a copy into room would broadcast them)
             self.k, self.v, self._buffers, self._views = torch.cat((self.k, k), -2), torch.cat((self.v, v), -2), None, None
         else:
             seen, total = self.k.shape[-2], self.k.shape[-2] + k.shape[-2]
-            if not self._has_room(total):
-                self._buffers = (_grown(self.k, 2 * total), _grown(self.v, 2 * total))
-            k_buffer, v_buffer = self._buffers
+            k_buffer, v_buffer = (self._buffers if self._buffers is not None and self._has_room(total)
+                                  else (_grown(self.k, 2 * total), _grown(self.v, 2 * total)))
+            self._buffers = (k_buffer, v_buffer)
             k_buffer[..., seen:total, :].copy_(k)
             v_buffer[..., seen:total, :].copy_(v)
             self.k, self.v = k_buffer[..., :total, :], v_buffer[..., :total, :]
@@ -266,11 +267,10 @@ class KVCache:
         return self._views is not None and self.k is self._views[0] and self.v is self._views[1]
 
     def _has_room(self, total: int) -> bool:
-        """Whether the buffers hold ``k`` and ``v``, have room for ``total`` positions, and may be written here."""
-        # (a tensor made in inference mode can be written only inside it)
-        return self._holds_buffers() and all(
-            buffer.shape[-2] >= total and (torch.is_inference_mode_enabled() or not buffer.is_inference())
-            for buffer in self._buffers or ())
+        """Whether the buffers hold ``k`` and ``v``, have room for ``total`` positions, and are inference tensors
+        (a buffer reordered outside inference mode has a version counter, which a write would move)."""
+        return self._holds_buffers() and all(buffer.shape[-2] >= total and buffer.is_inference()
+                                             for buffer in self._buffers or ())
 
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` positions (none: the cache is empty again)."""
@@ -290,8 +290,9 @@ class KVCache:
                                    f"{index.min().item()}..{index.max().item()}")
             if self._holds_buffers() and self._buffers is not None:  # the rows with their room (beam search
                 seen = len(self)  # reorders at every step: appends stay in place, memory stays one set of buffers)
-                self._buffers = tuple(buffer.index_select(0, index) for buffer in self._buffers)
-                self.k, self.v = (buffer[..., :seen, :] for buffer in self._buffers)
+                k_buffer, v_buffer = (buffer.index_select(0, index) for buffer in self._buffers)
+                self._buffers = (k_buffer, v_buffer)
+                self.k, self.v = k_buffer[..., :seen, :], v_buffer[..., :seen, :]
                 self._views = (self.k, self.v)
             else:
                 self.k, self.v, self._buffers, self._views = self.k.index_select(0, index), self.v.index_select(0, index), None, None
@@ -302,6 +303,13 @@ def _same_layout(seen: Tensor, new: Tensor) -> bool:
     width, dtype and device."""
     return (seen.shape[:-2] == new.shape[:-2] and seen.shape[-1] == new.shape[-1] and seen.dtype == new.dtype
             and seen.device == new.device)
+
+
+def _compact(t: Tensor | None) -> Tensor | None:
+    """``t`` in storage of its own size (a view of a buffer, even a contiguous one, would carry its room)."""
+    if t is None or (t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def _grown(seen: Tensor, capacity: int) -> Tensor:
