@@ -39,6 +39,7 @@ COMMANDS: dict[str, str] = {
     "experiment": "attnlab.cli.experiment:experiment",
 }
 
+
 def _rank_prefix() -> str:
     """``[rank N] `` in the lines of a process other than the first under torchrun (every process reports its
     own error, and they are told apart), nothing otherwise."""
