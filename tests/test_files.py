@@ -192,7 +192,7 @@ def test_a_named_pipe_and_a_device_are_written_to_not_replaced(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     got = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_text(encoding="utf-8")))
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text(encoding="utf-8")), daemon=True)
     reader.start()
     write_text_atomic(fifo, "through the pipe\n")
     reader.join(timeout=10)

@@ -609,9 +609,14 @@ def test_a_glove_file_through_a_pipe_with_a_tab_or_a_leading_space_loads(tmp_pat
     try:
         vectors = load_text(pipe, ["king", "queen", "wolf"])
     finally:
-        if writer.is_alive():  # the pipe was refused unread: open it, so that the writer is not left waiting
-            pipe.read_bytes()
-        writer.join()
+        # A writer still alive here may only be finishing, its data read: a blocking open for reading would then wait
+        # for ever. Give it time to end; if it does not, the pipe went unread and the writer waits in open() for a
+        # reader. On Linux an open for reading and writing never blocks, and it releases that writer.
+        writer.join(timeout=30)
+        if writer.is_alive():
+            reader = os.open(pipe, os.O_RDWR | os.O_NONBLOCK)
+            writer.join()
+            os.close(reader)
     assert {w: v.tolist() for w, v in vectors.vectors.items()} == {"king": [1, 2, 3], "queen": [4, 5, 6],
                                                                     "wolf": [7, 8, 9]}
     with pytest.raises(AttnlabError, match="is a folder, not a file"):
