@@ -38,7 +38,7 @@ def held_elsewhere():
     def hold(folder):
         proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
             import fcntl, os, sys, time
-            fcntl.flock(os.open(sys.argv[1], os.O_RDONLY), fcntl.LOCK_EX)
+            fcntl.flock(os.open(sys.argv[1], os.O_RDONLY), fcntl.LOCK_EX | fcntl.LOCK_NB)  # (held: no wait)
             print("held", flush=True)
             time.sleep(600)
         """), str(folder)], stdout=subprocess.PIPE, text=True)

@@ -99,7 +99,8 @@ def test_temporaries_abandoned_by_a_killed_writer_are_removed_by_the_next_write(
 
     from attnlab.files import atomic_dir
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          timeout=120)
     pid = int(dead.stdout)  # a process that has ended: its temporaries can have no writer any more
     abandoned = tmp_path / f".checkpoint.{pid}.abc123.tmp"
     abandoned.mkdir()

@@ -758,7 +758,9 @@ def test_a_terminated_run_removes_its_staging_folder(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "attnlab.cli.main", "lab", "--out", str(tmp_path / "r")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not [p for p in tmp_path.iterdir() if ".partial-" in p.name] and proc.poll() is None:
+    # Until the staging folder is readable by all, its constructor still runs, and `with` would not clean it up
+    while not [p for p in tmp_path.iterdir() if ".partial-" in p.name and p.stat().st_mode & 0o777 == 0o755] \
+            and proc.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)  # as `kill` or a job scheduler would
@@ -768,6 +770,22 @@ def test_a_terminated_run_removes_its_staging_folder(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM and err.strip().endswith("terminated")
     assert "Traceback" not in err and "Exception ignored" not in err
     assert not list(tmp_path.iterdir())  # no report, no staging folder
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt(), PermissionError(1, "Operation not permitted")],
+                         ids=["ctrl-c", "refused"])
+def test_a_staging_folder_whose_constructor_fails_after_making_it_is_removed(tmp_path, monkeypatch, failure):
+    """`with Staging(...)` cleans up only once the constructor has returned: a Ctrl-C, a SIGTERM or an error
+    after the folder is made must remove it there (the folders made to hold it too)."""
+    from attnlab.lab.report import Staging
+
+    def fail(self, mode):
+        raise failure
+
+    monkeypatch.setattr(Path, "chmod", fail)
+    with pytest.raises(AttnlabError if isinstance(failure, OSError) else KeyboardInterrupt):
+        Staging(tmp_path / "new" / "r")
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_run_killed_outright_leaves_a_staging_folder_that_the_next_run_removes(tmp_path, glove_file):

@@ -25,6 +25,9 @@ TEXT = "the quick brown fox jumps over the lazy dog.\n" * 120  # 45 characters a
 TINY = ["--layers", "1", "--width", "32", "--heads", "2", "--context", "24", "--batch-size", "16", "--steps", "80",
         "--lr", "1e-2", "--min-lr", "1e-3", "--warmup", "5", "--eval-every", "40", "--eval-iters", "4",
         "--final-eval-iters", "8", "--no-progress"]
+# What follows is started by a shell with its standard output closed (``>&-``). (Closing it in a preexec_fn, in a
+# forked copy of this process and its threads, can deadlock.)
+STDOUT_CLOSED = ["sh", "-c", 'exec "$@" >&-', "sh"]
 
 
 def invoke(*args):
@@ -157,20 +160,21 @@ def test_generated_text_is_written_in_utf8_under_the_c_locale(tmp_path):
     env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
     generate = [sys.executable, "-m", "attnlab.cli.main", "generate", str(tmp_path / "run"), "--prompt", "un café",
                 "--max-new-tokens", "3", "--greedy"]
-    done = subprocess.run(generate, env=env, capture_output=True)
+    done = subprocess.run(generate, env=env, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode("utf-8").startswith("un café")
     # A path's bytes that the C locale cannot decode are written back as they were (the first version of this
     # wrote UTF-8 strictly, and the run's closing lines ended in a traceback)...
     folder = tmp_path / "dé"
     done = subprocess.run([sys.executable, "-m", "attnlab.cli.main", "train", "lm", "--text", str(text), "--out",
-                           str(folder), *TINY], env=env, capture_output=True)
+                           str(folder), *TINY], env=env, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()
     assert f"run folder: {folder} (".encode() in done.stdout
     # ... and an encoding asked for is kept (an error handler alone asks for none).
-    done = subprocess.run(generate, env={**env, "PYTHONIOENCODING": "latin-1"}, capture_output=True)
+    done = subprocess.run(generate, env={**env, "PYTHONIOENCODING": "latin-1"}, capture_output=True, timeout=300)
     assert done.returncode == 0 and done.stdout.startswith("un café".encode("latin-1"))
-    done = subprocess.run(generate, env={**env, "PYTHONIOENCODING": ":surrogateescape"}, capture_output=True)
+    done = subprocess.run(generate, env={**env, "PYTHONIOENCODING": ":surrogateescape"}, capture_output=True,
+                          timeout=300)
     assert done.returncode == 0 and done.stdout.decode("utf-8").startswith("un café")
 
 
@@ -787,8 +791,8 @@ def test_generate_into_a_closed_pipe_stops_quietly(run):
     # more than a pipe buffers) are written.
     assert proc.stdout.read(3) == b"the"
     proc.stdout.close()
-    err = proc.stderr.read().decode()
-    assert proc.wait(timeout=120) == 128 + signal.SIGPIPE
+    err = proc.communicate(timeout=120)[1].decode()
+    assert proc.returncode == 128 + signal.SIGPIPE
     assert "error" not in err and "Traceback" not in err, err
 
 
@@ -873,17 +877,17 @@ def test_a_table_into_a_closed_pipe_ends_with_sigpipes_status_not_a_checks_failu
     proc = subprocess.Popen([sys.executable, "-m", "attnlab.cli.main", "check", str(run[0]), "--seeds", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()
-    err = proc.stderr.read().decode()
-    assert proc.wait(timeout=120) == 128 + signal.SIGPIPE  # not 1, which says that a check failed
+    err = proc.communicate(timeout=120)[1].decode()
+    assert proc.returncode == 128 + signal.SIGPIPE  # not 1, which says that a check failed
     assert "error" not in err and "Traceback" not in err, err
 
 
 def test_a_training_started_with_stdout_closed_writes_its_run(run, tmp_path):
     # Its results are files: what it prints is a summary, which goes nowhere (it refused before writing anything).
     out = tmp_path / "closed"
-    proc = subprocess.run([sys.executable, "-m", "attnlab.cli.main", "train", "lm", "--text", str(run[0].parent / "fox.txt"),
-                           "--out", str(out), *TINY[:-1], "--steps", "4", "--no-progress"], stdin=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, timeout=300, preexec_fn=lambda: os.close(1))
+    proc = subprocess.run([*STDOUT_CLOSED, sys.executable, "-m", "attnlab.cli.main", "train", "lm", "--text",
+                           str(run[0].parent / "fox.txt"), "--out", str(out), *TINY[:-1], "--steps", "4",
+                           "--no-progress"], stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "result.json").read_text())["steps"] == 4
 
@@ -894,8 +898,8 @@ def test_a_training_started_with_stdout_closed_writes_its_run(run, tmp_path):
 def test_a_command_started_with_stdout_closed_says_so_instead_of_exiting_0_with_nothing_shown(run, command):
     # ``attnlab ... >&-``: Python leaves sys.stdout None, and click and rich dropped every line silently.
     args = [arg.format(run=run[0]) for arg in command]
-    proc = subprocess.run([sys.executable, "-m", "attnlab.cli.main", *args], stdin=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, timeout=300, preexec_fn=lambda: os.close(1))
+    proc = subprocess.run([*STDOUT_CLOSED, sys.executable, "-m", "attnlab.cli.main", *args], stdin=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, timeout=300)
     assert proc.returncode == 2
     assert proc.stderr == ("error: standard output is closed (started with '>&-'): this command writes its output "
                            "there\n")
@@ -964,7 +968,8 @@ def test_openmp_threads_spin_on_an_idle_machine_and_sleep_on_a_busy_one():
 def test_the_language_model_commands_keep_a_wait_policy_the_user_set(given):
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | ({"OMP_WAIT_POLICY": given} if given else {})
     code = "import os, attnlab.cli.train_lm; print(os.environ['OMP_WAIT_POLICY'])"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                          timeout=300)
     assert done.stdout.strip() == given if given else done.stdout.strip() in ("ACTIVE", "PASSIVE")
 
 

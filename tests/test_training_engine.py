@@ -29,7 +29,6 @@ from attnlab.training.checkpoint import (
     write_run_config,
 )
 from attnlab.training.engine import train_or_forget
-from launch import free_port
 from toy_task import ToyTask
 
 HERE = Path(__file__).parent
@@ -106,7 +105,7 @@ def test_two_process_ddp_matches_one_process(tmp_path):
         trainer.close()
     """))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
                     str(script), str(tmp_path / "ddp")], check=True, env=env, capture_output=True, timeout=240)
     subprocess.run([sys.executable, str(script), str(tmp_path / "single")], check=True, env=env, timeout=240,
                    capture_output=True)
@@ -142,7 +141,7 @@ def test_two_process_resume_with_dropout_repeats_the_uninterrupted_run(tmp_path)
 
     def torchrun(*args):  # one launch each: a process group joined again in the same processes is not reliable
         return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                               "--master_port", str(free_port()), str(script), *map(str, args)],
+                               "--standalone", str(script), *map(str, args)],
                               env=env, capture_output=True, timeout=240)
 
     for args in ((tmp_path / "straight", -1, "new"), (tmp_path / "resumed", 7, "new")):  # the second dies in step 7
@@ -631,7 +630,7 @@ def test_a_folder_that_cannot_be_locked_is_trained_in_unlocked(tmp_path, monkeyp
 
 def lockable_by_another_process(folder) -> bool:
     probe = subprocess.run([sys.executable, "-c", "import fcntl, os, sys; fcntl.flock(os.open(sys.argv[1], os.O_RDONLY), "
-                            "fcntl.LOCK_EX | fcntl.LOCK_NB)", str(folder)], capture_output=True, text=True)
+                            "fcntl.LOCK_EX | fcntl.LOCK_NB)", str(folder)], capture_output=True, text=True, timeout=120)
     assert probe.returncode == 0 or "BlockingIOError" in probe.stderr, probe.stderr
     return probe.returncode == 0
 

@@ -147,9 +147,17 @@ class Staging:
             # The process id in the name lets a later run tell a staging folder whose writer was killed.
             remove_abandoned(parent, re.compile(re.escape(prefix) + r"(\d{1,9})-[^/]+"))
             self.path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
-            self.path.chmod(0o755)  # mkdtemp makes it private; the published report should be readable
         except OSError as err:
             raise AttnlabError(f"cannot write the report to {self.out}: {err.strerror or err}") from err
+        # From here the folder is ours to remove on any failure, Ctrl-C and SIGTERM included: `with` calls
+        # __exit__ only once the constructor has returned.
+        try:
+            self.path.chmod(0o755)  # mkdtemp makes it private; the published report should be readable
+        except BaseException as err:
+            self.discard()
+            if isinstance(err, OSError):
+                raise AttnlabError(f"cannot write the report to {self.out}: {err.strerror or err}") from err
+            raise
 
     def __enter__(self) -> Staging:
         return self
