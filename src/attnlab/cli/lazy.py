@@ -1,4 +1,4 @@
-"""A click group whose commands are imported only when they run, so ``--help`` stays quick."""
+"""A click group whose commands are imported only when they run or are listed (by ``--help``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Entry point of the ``attnlab`` command.
 
 Every command is a click command in its own module under ``attnlab.cli``; :data:`COMMANDS` lists them
-(``name: "module:function"``) and they are imported only when called, so ``attnlab --help`` is quick.
+(``name: "module:function"``) and a module is imported only when its command runs or is listed: ``attnlab
+--version`` imports none, ``attnlab --help`` all of them (a few seconds, as most import torch) to show each
+command's summary and to say which need a package that is not installed.
 Bad input raised as :class:`~attnlab.errors.AttnlabError` (or an unreadable file) becomes one line on
 stderr, ``error: ...``, and exit status 2; never a stack trace.
 """
