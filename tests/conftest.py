@@ -41,9 +41,10 @@ def held_elsewhere():
             fcntl.flock(os.open(sys.argv[1], os.O_RDONLY), fcntl.LOCK_EX | fcntl.LOCK_NB)  # (held: no wait)
             print("held", flush=True)
             time.sleep(600)
-        """), str(folder)], stdout=subprocess.PIPE, text=True)
+        """), str(folder)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         holders.append(proc)
-        assert proc.stdout.readline() == "held\n"
+        if proc.stdout.readline() != "held\n":
+            pytest.fail(f"could not hold {folder}: {proc.communicate(timeout=60)[1]}")
 
     yield hold
     for proc in holders:

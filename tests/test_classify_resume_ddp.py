@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from attnlab.cli.main import cli
 from attnlab.training.checkpoint import has_checkpoint
+from launch import TWO_LOCAL_PROCESSES
 from test_classify_data import write_tickets
 
 VENV_BIN = Path(sys.executable).parent
@@ -57,7 +58,9 @@ def test_kill_9_then_resume_ends_with_the_uninterrupted_weights(tmp_path):
         at_kill = json.loads(marker.read_text())["trainer"]["step"]
         if proc.returncode == -signal.SIGKILL and at_kill < 80:
             break
-    assert proc.returncode == -signal.SIGKILL and 10 <= at_kill < 80  # mid-run: the resume has steps left to redo
+    # killed mid-run: the resume has steps left to redo
+    assert proc.returncode == -signal.SIGKILL and 10 <= at_kill < 80, (f"attempt {attempt}: status {proc.returncode}, "
+                                                                       f"step {at_kill}\n{err.decode()[-2000:]}")
     cli_run(*args, "--out", killed, "--resume")
     straight = tmp_path / "straight"
     cli_run(*args, "--out", straight)
@@ -76,7 +79,7 @@ def test_two_process_ddp_matches_one_process(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ddp = tmp_path / "ddp"
     done = subprocess.run(
-        [str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", "--standalone",
+        [str(VENV_BIN / "torchrun"), *TWO_LOCAL_PROCESSES,
          "-m", "attnlab.cli.main", *map(str, args), "--out", str(ddp)],
         env=env, capture_output=True, timeout=400)
     assert done.returncode == 0, done.stderr.decode()[-3000:]

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+from launch import TWO_LOCAL_PROCESSES
 from test_lm import TEXT
 from test_translate import SMALL, write_corpus
 
@@ -33,7 +34,7 @@ def torchrun(tmp_path, *args, rank0_delay=0.0):
     """))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # --standalone: the rendezvous takes a port the system gives it (one picked here could be taken before use)
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", *TWO_LOCAL_PROCESSES,
                            str(launcher), *map(str, args)],
                           env=env, capture_output=True, text=True, timeout=300)
 
@@ -123,7 +124,7 @@ def test_a_process_that_dies_mid_run_leaves_the_other_one_line_and_the_resume_ad
     # then says "terminated", as on Ctrl-C), before the survivor's collective fails. Even so a look can fall in the
     # 60-80 ms the survivor takes to notice (about 1 run in 60): such a run tells nothing, and is made again.
     for attempt in range(3):
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *TWO_LOCAL_PROCESSES,
                                "--monitor-interval", "5", str(launcher), "train", "lm", "--text", str(text), "--out",
                                str(tmp_path / f"run{attempt}"), *steps], env={**os.environ, "OMP_NUM_THREADS": "1"},
                               capture_output=True, text=True, timeout=300)

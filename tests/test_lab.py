@@ -758,7 +758,7 @@ def test_a_terminated_run_removes_its_staging_folder(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "attnlab.cli.main", "lab", "--out", str(tmp_path / "r")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    # Until the staging folder is readable by all, its constructor still runs, and `with` would not clean it up
+    # Until the staging folder is readable by all, its constructor still runs (which then cleans up itself)
     while not [p for p in tmp_path.iterdir() if ".partial-" in p.name and p.stat().st_mode & 0o777 == 0o755] \
             and proc.poll() is None:
         assert time.monotonic() < deadline
@@ -774,15 +774,21 @@ def test_a_terminated_run_removes_its_staging_folder(tmp_path):
 
 @pytest.mark.parametrize("failure", [KeyboardInterrupt(), PermissionError(1, "Operation not permitted")],
                          ids=["ctrl-c", "refused"])
-def test_a_staging_folder_whose_constructor_fails_after_making_it_is_removed(tmp_path, monkeypatch, failure):
+@pytest.mark.parametrize("where", ["after the staging folder", "before it"])
+def test_a_staging_constructor_that_fails_removes_the_folders_it_made(tmp_path, monkeypatch, failure, where):
     """`with Staging(...)` cleans up only once the constructor has returned: a Ctrl-C, a SIGTERM or an error
-    after the folder is made must remove it there (the folders made to hold it too)."""
+    after it has made folders (the staging folder, the folders to hold it) must remove them itself."""
+    import attnlab.lab.report
     from attnlab.lab.report import Staging
 
-    def fail(self, mode):
+    def fail(path, *args):
+        assert path.is_dir()  # (made already: what is tested is its removal)
         raise failure
 
-    monkeypatch.setattr(Path, "chmod", fail)
+    if where == "before it":  # the folders to hold it are made, the staging folder not yet
+        monkeypatch.setattr(attnlab.lab.report, "remove_abandoned", fail)
+    else:
+        monkeypatch.setattr(Path, "chmod", fail)
     with pytest.raises(AttnlabError if isinstance(failure, OSError) else KeyboardInterrupt):
         Staging(tmp_path / "new" / "r")
     assert not list(tmp_path.iterdir())

@@ -29,6 +29,7 @@ from attnlab.training.checkpoint import (
     write_run_config,
 )
 from attnlab.training.engine import train_or_forget
+from launch import TWO_LOCAL_PROCESSES
 from toy_task import ToyTask
 
 HERE = Path(__file__).parent
@@ -105,7 +106,7 @@ def test_two_process_ddp_matches_one_process(tmp_path):
         trainer.close()
     """))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", *TWO_LOCAL_PROCESSES,
                     str(script), str(tmp_path / "ddp")], check=True, env=env, capture_output=True, timeout=240)
     subprocess.run([sys.executable, str(script), str(tmp_path / "single")], check=True, env=env, timeout=240,
                    capture_output=True)
@@ -140,9 +141,8 @@ def test_two_process_resume_with_dropout_repeats_the_uninterrupted_run(tmp_path)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def torchrun(*args):  # one launch each: a process group joined again in the same processes is not reliable
-        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                               "--standalone", str(script), *map(str, args)],
-                              env=env, capture_output=True, timeout=240)
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", *TWO_LOCAL_PROCESSES, str(script),
+                               *map(str, args)], env=env, capture_output=True, timeout=240)
 
     for args in ((tmp_path / "straight", -1, "new"), (tmp_path / "resumed", 7, "new")):  # the second dies in step 7
         torchrun(*args)

@@ -142,19 +142,21 @@ class Staging:
         # The folders this run creates, removed again if it fails: a failed run leaves nothing behind.
         self._made = [a for a in (parent, *parent.parents) if not a.exists()]
         prefix = f".{temporary_stem(self.out.name or 'report')}.partial-"
+        # Until the constructor returns, `with` will not call __exit__: a failure here, Ctrl-C and SIGTERM included,
+        # removes what it made itself (all but a folder that mkdtemp made and had not yet named: a later run
+        # removes that one, its writer gone).
+        made: Path | None = None
         try:
             parent.mkdir(parents=True, exist_ok=True)
             # The process id in the name lets a later run tell a staging folder whose writer was killed.
             remove_abandoned(parent, re.compile(re.escape(prefix) + r"(\d{1,9})-[^/]+"))
-            self.path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
-        except OSError as err:
-            raise AttnlabError(f"cannot write the report to {self.out}: {err.strerror or err}") from err
-        # From here the folder is ours to remove on any failure, Ctrl-C and SIGTERM included: `with` calls
-        # __exit__ only once the constructor has returned.
-        try:
-            self.path.chmod(0o755)  # mkdtemp makes it private; the published report should be readable
+            made = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
+            made.chmod(0o755)  # mkdtemp makes it private; the published report should be readable
+            self.path = made
         except BaseException as err:
-            self.discard()
+            if made is not None:
+                shutil.rmtree(made, ignore_errors=True)
+            self._remove_made_folders()
             if isinstance(err, OSError):
                 raise AttnlabError(f"cannot write the report to {self.out}: {err.strerror or err}") from err
             raise
@@ -169,9 +171,14 @@ class Staging:
     def discard(self) -> None:
         """Remove the staging folder and everything in it, and the empty folders made to hold it."""
         shutil.rmtree(self.path, ignore_errors=True)
+        self._remove_made_folders()
+
+    def _remove_made_folders(self) -> None:
         for folder in self._made:  # deepest first; one that something else has filled meanwhile stays
             try:
                 folder.rmdir()
+            except FileNotFoundError:  # (not made: the failure came first, or something else removed it)
+                continue
             except OSError:
                 break
 
