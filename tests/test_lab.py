@@ -794,6 +794,30 @@ def test_a_staging_constructor_that_fails_removes_the_folders_it_made(tmp_path, 
     assert not list(tmp_path.iterdir())
 
 
+def test_a_failing_staging_constructor_leaves_a_folder_another_run_made_meanwhile(tmp_path, monkeypatch):
+    """Two runs into the same new folder: the one that fails removes only the folders that it made itself (the
+    other run's folder is empty until that run's staging folder is in it)."""
+    import attnlab.lab.report
+    from attnlab.lab.report import Staging
+
+    shared = tmp_path / "new"
+    real_mkdir = Path.mkdir
+
+    def made_meanwhile(path, *args, **kwargs):
+        if path == shared:
+            real_mkdir(path)  # the other run's mkdir comes first
+        return real_mkdir(path, *args, **kwargs)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "mkdir", made_meanwhile)
+    monkeypatch.setattr(attnlab.lab.report, "remove_abandoned", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Staging(shared / "a" / "r")
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")] == ["new"]  # its own "a" is gone
+
+
 def test_a_run_killed_outright_leaves_a_staging_folder_that_the_next_run_removes(tmp_path, glove_file):
     import signal
     import subprocess

@@ -139,15 +139,22 @@ class Staging:
             if target.is_dir():
                 raise AttnlabError(f"cannot write the report to {self.out}: {target} is in the way (not a file)")
         parent = self.out if self._into_existing else self.out.absolute().parent
-        # The folders this run creates, removed again if it fails: a failed run leaves nothing behind.
-        self._made = [a for a in (parent, *parent.parents) if not a.exists()]
+        missing = [a for a in (parent, *parent.parents) if not a.exists()]  # deepest first
+        # The folders this run makes, removed again if it fails (a failed run leaves nothing behind): those its own
+        # mkdir made, not one that another run made meanwhile, and may be about to use. Deepest first.
+        self._made: list[Path] = []
         prefix = f".{temporary_stem(self.out.name or 'report')}.partial-"
         # Until the constructor returns, `with` will not call __exit__: a failure here, Ctrl-C and SIGTERM included,
         # removes what it made itself (all but a folder that mkdtemp made and had not yet named: a later run
         # removes that one, its writer gone).
         made: Path | None = None
         try:
-            parent.mkdir(parents=True, exist_ok=True)
+            for folder in reversed(missing):
+                try:
+                    folder.mkdir()
+                except FileExistsError:
+                    continue
+                self._made.insert(0, folder)
             # The process id in the name lets a later run tell a staging folder whose writer was killed.
             remove_abandoned(parent, re.compile(re.escape(prefix) + r"(\d{1,9})-[^/]+"))
             made = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
