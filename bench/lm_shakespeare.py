@@ -200,6 +200,7 @@ def main() -> None:
     planned = ([] if args.skip_fast else ["fast"]) + ([] if args.skip_nanogpt else ["nanogpt", "nanogpt-compiled",
                                                                                     "context256"])
     planned += ["nanogpt-itself"] if args.nanogpt_checkout is not None else []
+    planned += [] if args.warm_cache else ["inductor-cache"]  # (a cold cache: one left by another run is warm)
     taken = [name for name in planned if (out / name).exists()]
     if taken:  # said now, not after minutes of reference runs
         raise SystemExit(f"error: {out} already holds {', '.join(taken)}: give another --out")
@@ -213,7 +214,8 @@ def main() -> None:
     # reads it once, when it loads).
     os.environ["OMP_WAIT_POLICY"] = env["OMP_WAIT_POLICY"]
     if not args.warm_cache:
-        env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor_cache_")
+        # (inside the run's folder: a fresh one per run, left with the runs instead of in the system's /tmp)
+        env["TORCHINDUCTOR_CACHE_DIR"] = str((out / "inductor-cache").resolve())
     print(f"before: {load()}")
     rows = []
     yardsticks = []  # (name, figures): what the same-run ratios compare with
