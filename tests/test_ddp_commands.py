@@ -33,7 +33,6 @@ def torchrun(tmp_path, *args, rank0_delay=0.0):
         main()
     """))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # --standalone: the rendezvous takes a port the system gives it (one picked here could be taken before use)
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", *TWO_LOCAL_PROCESSES,
                            str(launcher), *map(str, args)],
                           env=env, capture_output=True, text=True, timeout=300)

@@ -139,7 +139,7 @@ class Staging:
             if target.is_dir():
                 raise AttnlabError(f"cannot write the report to {self.out}: {target} is in the way (not a file)")
         parent = self.out if self._into_existing else self.out.absolute().parent
-        missing = [a for a in (parent, *parent.parents) if not a.exists()]  # deepest first
+        missing = [a for a in (parent, *parent.parents) if not a.exists()]
         # The folders this run makes, removed again if it fails (a failed run leaves nothing behind): those its own
         # mkdir made, not one that another run made meanwhile, and may be about to use. Deepest first.
         self._made: list[Path] = []
