@@ -181,3 +181,89 @@ def test_a_missing_part_of_an_installed_package_or_a_stub_without_a_spec_is_not_
     assert missing_package(ModuleNotFoundError("no scipy.nothing", name="scipy.nothing")) is None  # scipy is here
     monkeypatch.setitem(sys.modules, "tqdm", types.ModuleType("tqdm"))  # a stand-in without __spec__: find_spec raised
     assert missing_package(ModuleNotFoundError("no tqdm.auto", name="tqdm.auto")) is None
+
+
+def every_lazy_command():
+    """(group, name, command) for every command that a lazy group lists, the nested groups' included."""
+    from attnlab.cli.lazy import LazyGroup
+
+    found, groups = [], [cli]
+    while groups:
+        group = groups.pop()
+        for name in group.list_commands(click.Context(group)):
+            command = group.get_command(click.Context(group), name)
+            found.append((group, name, command))
+            if isinstance(command, LazyGroup):
+                groups.append(command)
+    return found
+
+
+def test_help_lists_each_commands_summary_as_click_would_from_the_command_itself():
+    """--help reads each summary from the source; it must be the one click takes from the imported command."""
+    from attnlab.cli.lazy import short_help_from_source
+
+    listed = every_lazy_command()
+    assert len(listed) >= 18  # 11 commands, 3 training tasks, 2 evaluations, 2 probes, the leak experiment
+    for group, name, command in listed:
+        for limit in (20, 45, 74, 200):
+            assert short_help_from_source(group.lazy_commands[name], limit) == command.get_short_help_str(limit), name
+
+
+def test_a_command_whose_source_does_not_say_its_summary_plainly_is_imported_to_list_it(tmp_path, monkeypatch):
+    from attnlab.cli.lazy import LazyGroup, short_help_from_source
+
+    (tmp_path / "odd_commands.py").write_text('''import click
+
+
+@click.command(short_help="The short help given.")
+def given():
+    """The docstring, which click does not list when a short help is given."""
+
+
+@click.command(hidden=True)
+def hidden():
+    """Not listed at all."""
+
+
+def make():
+    return click.command("made")(lambda: None)
+
+
+made = make()
+
+
+@click.command()
+def plain():
+    """A plain command.
+
+    More text.
+    """
+''', encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert short_help_from_source("odd_commands:plain", 80) == "A plain command."
+    assert [short_help_from_source(f"odd_commands:{name}", 80) for name in ("given", "hidden", "made", "absent")] \
+        == [None] * 4
+    assert short_help_from_source("no_such_module_here:plain", 80) is None
+
+    group = LazyGroup("odd", lazy_commands={name: f"odd_commands:{name}" for name in ("given", "hidden", "made",
+                                                                                      "plain")})
+    text = CliRunner().invoke(group, ["--help"]).output
+    listed = text.split("Commands:")[1]
+    assert "The short help given." in listed and "A plain command." in listed and "made" in listed
+    assert "hidden" not in listed and "The docstring" not in listed
+
+
+def test_help_imports_no_command_and_so_not_torch():
+    """`attnlab --help` took 4.5 s here when it imported every command module (most import torch); now 0.2 s."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom attnlab.cli.main import main\nsys.argv = ['attnlab', {args}]\n"
+            "try:\n    main()\nexcept SystemExit as end:\n    assert end.code == 0, end.code\n"
+            "print(sorted(name for name in ('torch', 'numpy', 'attnlab.cli.generate', 'attnlab.cli.train_lm') "
+            "if name in sys.modules))")
+    for args in ("'--help'", "'train', '--help'"):
+        done = subprocess.run([sys.executable, "-c", code.format(args=args)], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "Commands:" in done.stdout and done.stdout.splitlines()[-1] == "[]", done.stdout

@@ -322,12 +322,15 @@ def test_a_missing_optional_package_is_named_in_one_line(tmp_path, glove_file):
                 f"sys.argv = ['attnlab', *{list(args)!r}]\nmain()")
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
 
-    # `attnlab --help` imports every command's module, outside any command: it lists them, saying what they need
+    # `attnlab --help` lists every command, and under them the optional packages that are not installed
     helpless = attnlab_without("safetensors", "--help")
     assert helpless.returncode == 0 and helpless.stderr == "", helpless.stderr
-    listed = dict(line.split(None, 1) for line in helpless.stdout.split("Commands:")[1].strip().splitlines())
-    assert listed["generate"] == "(needs the package safetensors: pip install 'attnlab[all]')"
-    assert listed["summary"].startswith("Print a per-layer table")  # (it needs no optional package)
+    listing, said = helpless.stdout.split("Commands:")[1].strip().split("\n\n")
+    listed = dict(line.split(None, 1) for line in listing.splitlines())
+    assert listed["generate"].startswith("Continue PROMPT") and listed["summary"].startswith("Print a per-layer table")
+    assert " ".join(said.split()) == ("Not installed: safetensors. A command that needs one says so when it runs; "
+                                      "pip install 'attnlab[all]' installs them all.")
+    assert "Not installed" not in attnlab_without("no_such_package", "--help").stdout  # (all installed here)
     command = attnlab_without("safetensors", "train", "lm", "--help")  # a command given: what it needs, in one line
     assert command.returncode == 2 and command.stderr.startswith("error: this command needs the package safetensors")
     # a part missing from an installed package is a broken installation, not "not installed": the traceback

@@ -1,9 +1,9 @@
 """Entry point of the ``attnlab`` command.
 
 Every command is a click command in its own module under ``attnlab.cli``; :data:`COMMANDS` lists them
-(``name: "module:function"``) and a module is imported only when its command runs or is listed: ``attnlab
---version`` imports none, ``attnlab --help`` all of them (a few seconds, as most import torch) to show each
-command's summary and to say which need a package that is not installed.
+(``name: "module:function"``) and a module is imported only when its command runs: ``attnlab --version`` and
+``attnlab --help`` import none (``--help`` reads each command's summary from its module's source, see
+:mod:`attnlab.cli.lazy`), which matters as most of them import torch, a few seconds.
 Bad input raised as :class:`~attnlab.errors.AttnlabError` (or an unreadable file) becomes one line on
 stderr, ``error: ...``, and exit status 2; never a stack trace.
 """
@@ -79,7 +79,7 @@ class _MainGroup(LazyGroup):
         except AttnlabError as err:  # raised outside a command: the help text written to a closed stdout
             _error(str(err))
             sys.exit(2)
-        except ModuleNotFoundError as err:  # a command's, or `attnlab --help`'s, which imports every command module
+        except ModuleNotFoundError as err:  # a command's (or `--help`'s, for a command it has to import)
             package = missing_package(err)  # (None: not an optional package, but a part of attnlab or torch missing)
             if package is None:
                 raise
