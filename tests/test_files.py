@@ -276,3 +276,30 @@ def test_a_full_disk_while_writing_is_said_by_the_file_name(tmp_path):
     with pytest.raises(PermissionError):  # other errors are left as they are
         with atomic_path(target):
             raise PermissionError(errno.EACCES, "Permission denied")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="no /proc on this system")
+def test_a_folder_that_refuses_files_is_refused_before_the_work_even_where_the_permission_bits_allow(tmp_path,
+                                                                                                    monkeypatch):
+    """Root passes every permission check, and `translate --output /proc/x.txt` decoded a whole file before
+    failing to write it; `train translate --out /proc/run` trained its BPE vocabulary first."""
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from attnlab.cli.main import cli
+    from attnlab.files import refuse_unwritable
+
+    monkeypatch.setattr(os, "access", lambda *args, **kwargs: True)  # as root sees it
+    with pytest.raises(AttnlabError, match=r"^--output /proc/x\.txt: /proc is not a folder this command can write "
+                                           r"in \(.+\)$"):
+        refuse_unwritable(Path("/proc/x.txt"), "--output /proc/x.txt")
+    refuse_unwritable(tmp_path / "new" / "x.txt", "--output")  # a folder that takes files: accepted...
+    assert list(tmp_path.iterdir()) == []  # ...and asking left nothing there, not even the folder to be made
+    for lang in ("de", "en"):
+        (tmp_path / f"pairs.{lang}").write_text("ein Mann\n" * 20 if lang == "de" else "a man\n" * 20)
+    result = CliRunner().invoke(cli, ["train", "translate", "--train", str(tmp_path / "pairs"), "--valid",
+                                      str(tmp_path / "pairs"), "--out", "/proc/run", "--steps", "2"])
+    assert result.exit_code == 2 and result.stderr == \
+        "error: --out /proc/run: /proc is not a folder this command can write in (No such file or directory)\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["pairs.de", "pairs.en"]

@@ -69,6 +69,16 @@ def test_greedy_generation_continues_the_text(run):
     # 60 characters is past the context of 24, so the window slid at least once on the way.
     assert result.stdout == "the quick brown " + (TEXT * 2)[16 : 16 + 60] + "\n"
     assert "60 tokens in" in result.stderr and "KV cache" in result.stderr
+    assert "note:" not in result.stderr
+    # Sampling settings given with --greedy are named, not silently dropped (Hugging Face's generate warns too);
+    # the text stays the greedy one.
+    said = invoke("generate", folder, "--prompt", "the quick brown ", "--max-new-tokens", 60, "--greedy",
+                  "--temperature", "0.5", "--top-k", "3", "--seed", "1")
+    assert said.exit_code == 0 and said.stdout == result.stdout, said.output
+    assert said.stderr.startswith("note: --greedy takes the most likely token; --temperature, --top-k, --seed are "
+                                  "not used\n")
+    once = invoke("generate", folder, "--prompt", "the", "--max-new-tokens", 1, "--greedy", "--top-p", "0.9")
+    assert once.stderr.startswith("note: --greedy takes the most likely token; --top-p is not used\n")
 
 
 def test_generation_stops_at_the_first_stop_text_it_writes(run):

@@ -382,6 +382,15 @@ def refuse_unwritable(path: str | Path, named: str) -> None:
         if folder.exists():
             if not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
                 raise AttnlabError(f"{named}: {folder} is not a folder this command can write in")
+            # os.access answers from the permission bits, which root passes everywhere: /proc, a read-only bind
+            # mount seen by some kernels, a server that maps root to nobody. A file made (with no name, where the
+            # file system allows) and dropped asks the file system itself.
+            try:
+                with tempfile.TemporaryFile(dir=folder):
+                    pass
+            except OSError as err:
+                raise AttnlabError(f"{named}: {folder} is not a folder this command can write in "
+                                   f"({err.strerror or err})") from None
             return
 
 

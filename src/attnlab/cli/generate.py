@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from attnlab.cli import SEED, omp_wait  # noqa: F401  (omp_wait: before torch is imported)
 from attnlab.cli.params import FiniteFloat, PathParam, Threads, Utf8Text
@@ -55,6 +56,13 @@ def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float
         raise AttnlabError("--stop is empty: give the text to stop at")
     if not greedy:
         check_sampling(temperature, top_k, top_p)
+    else:  # (said, as Hugging Face's generate warns of sampling settings under do_sample=False)
+        ctx = click.get_current_context()
+        unused = [f"--{name.replace('_', '-')}" for name in ("temperature", "top_k", "top_p", "seed")
+                  if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)]
+        if unused:
+            click.echo(f"note: --greedy takes the most likely token; {', '.join(unused)} "
+                       f"{'is' if len(unused) == 1 else 'are'} not used", err=True)
     with torch_threads(threads):
         model, _ = load_run(run, task=TASK_NAME)
         tokenizer = load_tokenizer(run / TOKENIZER, model.lm_head.out_features)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
@@ -97,7 +98,8 @@ def train_classify(train_path: Path, valid_path: Path | None, out: Path, resume:
     settings = DEFAULTS.with_overrides(**overrides)
     requested = {k: v for k, v in overrides.items() if v is not None}  # what this command line gave
     report = train_classifier(train_path, out, settings, valid_path=valid_path, resume=resume, progress=progress,
-                              on_note=click.echo, requested=requested)
+                              on_note=click.echo, on_warning=functools.partial(click.echo, err=True),
+                              requested=requested)
     if report.is_main:
         click.echo(f"run folder: {out} (model.safetensors, tokenizer.json, config.json, metrics.jsonl, loss.png, "
                    f"result.json) | {report.parameters:,} parameters, {report.steps} steps ({report.epochs:.1f} "

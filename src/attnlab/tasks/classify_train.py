@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import math
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -552,6 +553,11 @@ def _new_run_config(model: nn.Module, tokenizer: WordTokenizer | BPETokenizer, t
 UNSEEN_COUNTED = "accuracy_counts_unseen_labels"
 
 
+def print_to_stderr(line: str) -> None:
+    """The default ``on_warning`` of :func:`train_classifier`."""
+    print(line, file=sys.stderr)
+
+
 @holds_run_folder
 def train_classifier(
     train_path: str | Path,
@@ -562,6 +568,7 @@ def train_classifier(
     resume: bool = False,
     progress: bool = True,
     on_note: Callable[[str], None] = print,
+    on_warning: Callable[[str], None] = print_to_stderr,
     requested: dict[str, Any] | None = None,
 ) -> ClassifyReport:
     """Train a classifier on a labelled table into run folder ``out`` (see the module docstring).
@@ -575,6 +582,9 @@ def train_classifier(
         requested: the settings the command line gave; on resume, those the saved ones overrule are named.
         progress: show the engine's progress bar.
         on_note: receives the lines worth showing (data sizes, truncation, token vectors).
+        on_warning: receives the ``note: ...`` lines on settings that will not do what they say (options the
+            model does not read, a warmup as long as the run), which the command writes to stderr as
+            ``train lm`` does.
 
     Returns:
         the report; its :meth:`~ClassifyReport.last_line` is what the command prints last.
@@ -586,6 +596,7 @@ def train_classifier(
     refuse_input_in_run(valid_path, "--valid", run=out)
     main = is_main_process()
     note = on_note if main else (lambda _line: None)
+    warn = (lambda line: on_warning(f"note: {line}")) if main else (lambda _line: None)
     requested = requested or {}
     saved: dict[str, Any] | None = None
     length: dict[str, int] = {}
@@ -596,7 +607,7 @@ def train_classifier(
     settings.check(new_run=saved is None)
     if saved is None:
         for line in unused_options(settings, requested, valid_path is not None):
-            note(f"note: {line}")
+            warn(line)
     with torch_threads(settings.threads):  # restored afterwards: callers in the same process keep theirs
         data = load_data(train_path, valid_path, settings, labels=None if saved is None else saved["labels"])
         for line in data.notes:
@@ -640,7 +651,7 @@ def train_classifier(
         config = settings.train_config(planned, per_epoch, progress and main)
         if saved is None and config.warmup_steps >= planned:  # (train lm says the same of its --warmup)
             never = "" if config.warmup_steps == planned else f", never reaching its peak {settings.lr:g}"
-            note(f"--warmup-epochs {settings.warmup_epochs:g} is {config.warmup_steps} steps, not fewer than the run's "
+            warn(f"--warmup-epochs {settings.warmup_epochs:g} is {config.warmup_steps} steps, not fewer than the run's "
                  f"{planned}: the learning rate warms up for the whole run (no cosine decay{never})")
         place = distributed.checked_by_all(config.device)
         existed = Path(out).exists()

@@ -290,8 +290,10 @@ def why_run_folder_taken(out: str | Path, task: str) -> str | None:
 def refuse_bad_run_path(out: str | Path) -> None:
     """Refuse an ``--out`` that cannot be a run folder, before the data is read: one that exists and is not a
     folder (see :func:`~attnlab.files.refuse_non_folder`), or a name that is not UTF-8, under which safetensors
-    writes no weights: such a run trained to its end and then failed, as did every --resume and generate."""
+    writes no weights: such a run trained to its end and then failed, as did every --resume and generate; or a
+    place where no folder can be made or written (checked before a tokenizer is trained, say, not after)."""
     refuse_non_folder(out, "--out")
+    refuse_unwritable(Path(out) / CONFIG, f"--out {out}")  # (a file in it: the folder, or where it will be made)
     try:
         os.fsencode(out).decode("utf-8")
     except UnicodeError:
