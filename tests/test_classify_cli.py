@@ -373,7 +373,7 @@ def test_bad_run_folders_are_one_line_and_exit_2(trained, tmp_path):
                   "--threads", "2", "--resume")
     assert resumed.exit_code == 0, resumed.output
     assert "resume: the run now ends at step 7 instead of 2; its learning-rate schedule is re-planned" in resumed.output
-    assert "ignored: lr=0.01 (the run has 0.003)" in resumed.output and "steps=" not in resumed.output
+    assert "ignored: lr=0.01 (the run has 0.003)" in resumed.stderr and "steps=" not in resumed.output
     assert "threads=" not in resumed.output  # a resume may set the thread count
     assert json.loads((out / "result.json").read_text())["steps"] == 7
     saved = json.loads((out / "config.json").read_text())
@@ -719,17 +719,23 @@ def test_the_logged_accuracy_counts_unseen_validation_labels_as_the_report_does(
     """The metrics log (and loss.png) said 14/297 where the last line and result.json said 14/300."""
     train = write_tickets(tmp_path / "t.csv", 120, seed=0)
     valid = write_tickets(tmp_path / "v.csv", 20, seed=1)
+    known = train.read_text(encoding="utf-8").splitlines()[1].rsplit(",", 1)[1]
     with open(valid, "a", encoding="utf-8") as f:
         f.write("where is my parcel,lost_parcel\nmy parcel is lost,lost_parcel\n")
+        f.write(f"{'card ' * 300},{known}\n{'parcel ' * 300},lost_parcel\n")  # one too long of each kind
     out = tmp_path / "run"
     result = run("train", "classify", "--train", train, "--valid", valid, "--out", out, "--model", "tiny", *SMALL,
                  "--epochs", "2")
-    assert result.exit_code == 0 and "2 rows have labels not in the training data (lost_parcel)" in result.output
+    assert result.exit_code == 0 and "3 rows have labels not in the training data (lost_parcel)" in result.output
+    # The long rows are counted among those encoded, which the unseen labels are not; it said "1 of 21" beside
+    # "24 validation rows".
+    assert "validation (rows with a label training saw): 1 of 21 texts were longer than the model's" in result.output
+    assert "24 validation rows" in result.output
     report = json.loads((out / "result.json").read_text())
-    assert report["total"] == 22 and report["correct"] <= 20
+    assert report["total"] == 24 and report["correct"] <= 21
     logged = [r["eval"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval" in r]
     best = max(r["accuracy"] for r in logged)
-    assert best == pytest.approx(report["correct"] / 22) == pytest.approx(report["accuracy"])
+    assert best == pytest.approx(report["correct"] / 24) == pytest.approx(report["accuracy"])
 
 
 def test_a_run_from_before_unseen_labels_counted_resumes_with_its_own_accuracy(tmp_path):

@@ -447,8 +447,10 @@ def _time_in(model: nn.Module, task: ClassifyTask, settings: ClassifySettings, s
 
 
 def _resumed_settings(out: Path, train_path: str | Path, valid_path: str | Path | None, requested: dict[str, Any],
-                      note: Callable[[str], None]) -> tuple[dict[str, Any], ClassifySettings, dict[str, int]]:
-    """What ``--resume`` continues: the run's saved config, its settings, and the new length asked.
+                      note: Callable[[str], None], aside: Callable[[str], None],
+                      ) -> tuple[dict[str, Any], ClassifySettings, dict[str, int]]:
+    """What ``--resume`` continues: the run's saved config, its settings, and the new length asked. ``note``
+    receives the lines on what the resume does, ``aside`` (stderr) the settings given that the run's overrule.
 
     A new length (``steps``, else ``epochs``: returned, re-planned once the data gives an epoch's steps), a
     new time budget, checkpoint interval and thread count (where the run stops, what it saves and how many
@@ -464,7 +466,7 @@ def _resumed_settings(out: Path, train_path: str | Path, valid_path: str | Path 
                                 asdict(settings))
     settings = replace(settings, **budget)
     if ignored:
-        note(ignored)
+        aside(ignored)
     data = saved["data"]
     refuse_changed(train_path, data["train_sha256"], what="training file", started_with=data["train"])
     # A validation file is checked by content below (the same file named from another folder is the same
@@ -583,8 +585,8 @@ def train_classifier(
         progress: show the engine's progress bar.
         on_note: receives the lines worth showing (data sizes, truncation, token vectors).
         on_warning: receives the ``note: ...`` lines on settings that will not do what they say (options the
-            model does not read, a warmup as long as the run), which the command writes to stderr as
-            ``train lm`` does.
+            model does not read, a warmup as long as the run) and, on resume, the settings given that the run's
+            own overrule: the command writes them to stderr, as ``train lm`` does.
 
     Returns:
         the report; its :meth:`~ClassifyReport.last_line` is what the command prints last.
@@ -596,12 +598,16 @@ def train_classifier(
     refuse_input_in_run(valid_path, "--valid", run=out)
     main = is_main_process()
     note = on_note if main else (lambda _line: None)
-    warn = (lambda line: on_warning(f"note: {line}")) if main else (lambda _line: None)
+    aside = on_warning if main else (lambda _line: None)
+
+    def warn(line: str) -> None:
+        aside(f"note: {line}")
+
     requested = requested or {}
     saved: dict[str, Any] | None = None
     length: dict[str, int] = {}
     if resume:
-        saved, settings, length = _resumed_settings(out, train_path, valid_path, requested, note)
+        saved, settings, length = _resumed_settings(out, train_path, valid_path, requested, note, aside)
     else:  # every process checks, before the barrier below lets rank 0 write
         refuse_existing_run(out, TASK_NAME)
     settings.check(new_run=saved is None)
@@ -623,7 +629,9 @@ def train_classifier(
         train_enc = encode_texts(tokenizer, data.train.texts, settings.max_positions)
         valid_rows = [i for i, lab in enumerate(data.valid.labels or []) if lab in index]
         valid_enc = encode_texts(tokenizer, [data.valid.texts[i] for i in valid_rows], settings.max_positions)
-        for enc, what in ((train_enc, "training"), (valid_enc, "validation")):
+        # (the validation rows whose label training never saw are not encoded: the count is of the others)
+        valid_what = "validation" if len(valid_rows) == len(data.valid) else "validation (rows with a label training saw)"
+        for enc, what in ((train_enc, "training"), (valid_enc, valid_what)):
             if enc.note(what):
                 note(enc.note(what))
         note(f"data: {len(data.train)} training and {len(data.valid)} validation rows, {len(data.labels)} classes, "
