@@ -89,17 +89,43 @@ def test_eval_json_table_and_unseen_labels(trained):
     assert not inside.exists()
 
 
+def test_a_default_confusion_figure_never_replaces_the_figure_of_another_file(trained, tmp_path, monkeypatch):
+    """held.csv, held.jsonl and b/held.csv all drew RUN/confusion-held.png, each over the one before without a word.
+    Each file now keeps a figure of its own, which scoring it again (by any path) replaces; a file of that name
+    that is not such a figure is left alone."""
+    root, _ = trained
+    (tmp_path / "b").mkdir()
+    files = [write_tickets(tmp_path / "held.csv", 20, seed=1), write_tickets(tmp_path / "held.jsonl", 20, seed=2),
+             write_tickets(tmp_path / "b" / "held.csv", 20, seed=3)]
+
+    def figure(data):
+        result = run("eval", "classify", root / "run", "--data", data, "--json")
+        assert result.exit_code == 0, result.output
+        return Path(json.loads(result.output)["confusion_figure"])
+
+    figures = [figure(data) for data in files]
+    assert figures == [root / "run" / name for name in ("confusion-held.png", "confusion-held-2.png",
+                                                          "confusion-held-3.png")]
+    drawn = [path.stat().st_mtime_ns for path in figures]
+    monkeypatch.chdir(tmp_path / "b")
+    assert figure(Path("held.csv")) == figures[2]  # (a relative path to the same file)
+    assert [path.stat().st_mtime_ns for path in figures][:2] == drawn[:2]
+    (root / "run" / "confusion-mine.png").write_text("my notes")
+    assert figure(write_tickets(tmp_path / "mine.csv", 20, seed=4)) == root / "run" / "confusion-mine-2.png"
+    assert (root / "run" / "confusion-mine.png").read_text() == "my notes"
+
+
 def test_a_run_that_cannot_be_written_is_scored_with_the_output_put_elsewhere(trained, monkeypatch, tmp_path):
     import attnlab.cli.params as params
 
     root, _ = trained
-    test = write_tickets(tmp_path / "test.csv", 20, seed=1)
+    test = write_tickets(tmp_path / "scored.csv", 20, seed=1)  # (test.csv has a figure there)
     real_access = params.os.access
     # (root may write anywhere: pretend the run is on a read-only disk)
     monkeypatch.setattr(params.os, "access", lambda p, mode, **kw: (mode != params.os.W_OK or Path(p) != root / "run")
                         and real_access(p, mode, **kw))
     refused = run("eval", "classify", root / "run", "--data", test, "--json")
-    assert refused.exit_code == 2 and refused.stderr == (f"error: {root / 'run'} is not writable, and confusion-test.png "
+    assert refused.exit_code == 2 and refused.stderr == (f"error: {root / 'run'} is not writable, and confusion-scored.png "
                                                          "goes there by default; give --confusion PATH to write it "
                                                          "elsewhere\n")
     elsewhere = run("eval", "classify", root / "run", "--data", test, "--json", "--confusion", tmp_path / "cm.png")

@@ -120,6 +120,25 @@ def test_a_json_number_label_written_two_ways_is_refused_and_labels_stay_as_writ
     assert read_table(tmp_path / "f.jsonl").labels == ["0.5", "2.0", "2.0", "true", "1e+23"]
 
 
+@pytest.mark.parametrize(("column", "value", "kind"), [("label", ["billing", "refund"], "an array"),
+                                                       ("label", {"name": "billing"}, "an object"),
+                                                       ("text", ["my card", "was charged twice"], "an array")])
+def test_a_json_array_or_object_in_a_column_read_is_refused_by_row(tmp_path, column, value, kind):
+    """Its JSON spelling became a text, or a class of its own: a multi-label row made a third class beside billing
+    and refund. An array in a column the run does not read is left alone."""
+    rows = [{"text": "card declined", "label": "billing", "tags": ["x"]}, {"text": "money back", "label": "refund"}]
+    rows.insert(1, {**rows[0], column: value})
+    (tmp_path / "t.jsonl").write_text("\n" + "".join(json.dumps(r) + "\n" for r in rows))  # (a blank line first)
+    with pytest.raises(AttnlabError, match=rf"t.jsonl: row 2: its '{column}' is {kind}; it must be "
+                                           + ("one label" if column == "label" else "text")):
+        read_table(tmp_path / "t.jsonl")
+    if column == "label":  # read without labels (predict), the label column is not read
+        assert read_table(tmp_path / "t.jsonl", with_labels=False).texts == ["card declined"] * 2 + ["money back"]
+    del rows[1]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert read_table(tmp_path / "t.jsonl").labels == ["billing", "refund"]
+
+
 @pytest.mark.parametrize(
     ("content", "kwargs", "message"),
     [

@@ -11,7 +11,7 @@ from rich.table import Table as RichTable
 from attnlab.cli.console import console as stdout_console
 from attnlab.cli.params import PathParam, default_output
 from attnlab.tasks.classify import load_classifier
-from attnlab.tasks.classify_eval import draw_confusion, evaluate_table
+from attnlab.tasks.classify_eval import default_confusion_path, draw_confusion, evaluate_table
 from attnlab.tasks.tables import TABLE_FORMATS, one_line, read_table
 from attnlab.training.checkpoint import refuse_overwriting
 from attnlab.training.plots import figure_format
@@ -23,20 +23,21 @@ from attnlab.training.plots import figure_format
 @click.option("--text-column", default=None, help="[default: the run's]")
 @click.option("--label-column", default=None, help="[default: the run's, else 'label' or the one other column]")
 @click.option("--confusion", type=PathParam(path_type=Path, readable=False), default=None,
-              help="Where to draw the confusion matrix. [default: RUN/confusion-<data name>.png]")
+              help="Where to draw the confusion matrix. [default: RUN/confusion-<data name>.png, or -2, -3... when "
+                   "that holds the figure of another file]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def eval_classify(run: Path, data: Path, text_column: str | None, label_column: str | None, confusion: Path | None,
                   as_json: bool) -> None:
     """Score the run RUN on the labelled table --data."""
     if confusion is not None:
         figure_format(confusion, "--confusion")  # a name matplotlib cannot write is said before the scoring
-    png = confusion or default_output(Path(run) / f"confusion-{Path(data).stem}.png", "--confusion")
+    png = confusion or default_output(default_confusion_path(Path(run), Path(data)), "--confusion")
     refuse_overwriting(png, "--confusion", run=run, reads=(("--data", data),))
     clf = load_classifier(run)
     table = read_table(data, text_column=text_column or clf.config.get("text_column", "text"),
                        label_column=label_column, prefer_label_column=clf.config.get("label_column"))
     evaluation, truth, predicted = evaluate_table(clf, table)
-    evaluation.confusion_figure = str(draw_confusion(truth, predicted, clf.labels, png))
+    evaluation.confusion_figure = str(draw_confusion(truth, predicted, clf.labels, png, data=data))
     if as_json:
         click.echo(json.dumps(evaluation.as_dict()))
         return

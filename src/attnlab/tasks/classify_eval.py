@@ -7,6 +7,9 @@ with a new class is reported, never a crash.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -14,7 +17,7 @@ from typing import Any
 
 from attnlab.tasks.classify import Classifier
 from attnlab.tasks.tables import Table, one_line
-from attnlab.training.plots import save_figure
+from attnlab.training.plots import figure_format, save_figure
 
 
 @dataclass
@@ -78,13 +81,45 @@ def evaluate_table(clf: Classifier, table: Table) -> tuple[Evaluation, list[str]
 UNSEEN_ROWS = 30
 
 
-def draw_confusion(truth: list[str], predicted: list[str], labels: list[str], path: str | Path) -> Path:
+#: The PNG text key under which a default confusion figure names, by digest, the data file it was drawn from.
+DATA_KEY = "attnlab:data"
+
+
+def data_digest(data: str | Path) -> str:
+    """A short digest of the data file's resolved path (a figure that is shared does not carry the path itself)."""
+    return hashlib.sha256(os.fsencode(Path(data).resolve())).hexdigest()[:16]
+
+
+def default_confusion_path(run: Path, data: Path) -> Path:
+    """``RUN/confusion-<data name>.png``, unless a file of that name holds anything but this data's figure (the
+    figure of bank.csv beside bank.jsonl, of a/valid.csv beside b/valid.csv): then the first of
+    ``confusion-<data name>-2.png``, ``-3``, ... that is free or holds this data's figure. Scoring a file again
+    replaces its own figure, never another's."""
+    digest = data_digest(data)
+    names = (run / f"confusion-{data.stem}{'' if n == 1 else f'-{n}'}.png" for n in itertools.count(1))
+    return next(path for path in names if not os.path.lexists(path) or _drawn_from(path) == digest)
+
+
+def _drawn_from(path: Path) -> str | None:
+    """The data digest a default confusion figure was saved with, or None (another file, or none readable)."""
+    from PIL import Image  # (matplotlib's own dependency)
+
+    try:
+        with Image.open(path) as image:
+            return getattr(image, "text", {}).get(DATA_KEY)
+    except (OSError, ValueError):  # a folder, a file that is no image, a truncated one
+        return None
+
+
+def draw_confusion(truth: list[str], predicted: list[str], labels: list[str], path: str | Path, *,
+                   data: str | Path | None = None) -> Path:
     """Confusion matrix as a PNG: rows are true labels (training labels, then unseen ones), columns predictions.
 
     Cells show the share of each true label's rows (so rare classes are as visible as common ones);
     with at most 20 classes the counts are written in the cells. Past :data:`UNSEEN_ROWS` unseen labels, the
     rarest share one row (a thousand of them drew a figure 100,000 pixels tall). Labels are drawn as written:
-    matplotlib's mathtext is off (``$10-$20`` was drawn as a formula, or raised).
+    matplotlib's mathtext is off (``$10-$20`` was drawn as a formula, or raised). A PNG is marked with the digest
+    of ``data``, the file scored (see :func:`default_confusion_path`).
     """
     import matplotlib
 
@@ -123,6 +158,7 @@ def draw_confusion(truth: list[str], predicted: list[str], labels: list[str], pa
     ax.set_title(f"confusion matrix ({len(truth)} rows, accuracy {np.trace(counts[:len(labels)]) / len(truth):.1%})")
     fig.tight_layout()
     path = Path(path)
-    save_figure(fig, path, option="--confusion", dpi=110)
+    png = data is not None and figure_format(path, "--confusion") == "png"
+    save_figure(fig, path, option="--confusion", dpi=110, metadata={DATA_KEY: data_digest(data)} if png else None)
     plt.close(fig)
     return path

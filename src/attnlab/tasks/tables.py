@@ -9,7 +9,8 @@ columns uses the other one, as BANKING77's ``text,category`` does. Anything else
 The format is chosen by the file name: ``.jsonl``, ``.ndjson`` and ``.json`` are JSON lines, everything
 else is CSV (``.tsv`` with tabs). Rows whose text is empty are an error (a model cannot route silence,
 and an empty row usually means a shifted or broken export), reported with their count and the first
-row's number.
+row's number. In JSON lines a number or true/false is read as its JSON spelling (label ``3`` is class "3");
+an array or an object in the text or label column is an error (one label a row: no multi-label data).
 """
 
 from __future__ import annotations
@@ -207,6 +208,7 @@ def read_table(
         if label_col == text_column:  # the model would read its answer in its input
             raise AttnlabError(f"{path}: the text column {text_column!r} is also the label column; name the column "
                                "that holds the labels with --label-column (or the texts' with --text-column)")
+    _refuse_nested(rows, text_column, label_col, path)
     texts = [_cell(r.get(text_column)) for r in rows]
     empty = [i for i, t in enumerate(texts) if not t.strip()]
     if empty:
@@ -231,6 +233,19 @@ def _refuse_twice(columns: list[str], column: str, path: Path) -> None:
     if columns.count(column) > 1:
         raise AttnlabError(f"{path}: the header names the column {column!r} {columns.count(column)} times; the "
                            "columns read need names of their own")
+
+
+def _refuse_nested(rows: list[dict[str, object]], text_column: str, label_column: str | None, path: Path) -> None:
+    """Refuse a JSON array or object in the text or label column: its JSON spelling would become the text, or a
+    class of its own (``["billing", "refund"]``, a multi-label row, a third class beside the two)."""
+    wanted = {text_column: "text", label_column: "one label: text, a number or true/false (multi-label rows are "
+                                                 "not supported)"}
+    for i, row in enumerate(rows):
+        for column, what in wanted.items():
+            value = row.get(column) if column is not None else None
+            if isinstance(value, list | dict):
+                kind = "an array" if isinstance(value, list) else "an object"
+                raise AttnlabError(f"{path}: {_row_name(path, i)}: its {column!r} is {kind}; it must be {what}")
 
 
 def _cell(value: object) -> str:

@@ -25,12 +25,13 @@ def figure_format(path: str | Path, option: str) -> str:
     return suffix or "png"
 
 
-def save_figure(fig: Any, path: str | Path, *, option: str, dpi: int) -> None:
+def save_figure(fig: Any, path: str | Path, *, option: str, dpi: int, metadata: dict[str, str] | None = None) -> None:
     """Write the matplotlib figure ``fig`` to ``path`` in the format its suffix names (see :func:`figure_format`),
-    through a temporary name. It is drawn in memory first: given a file, matplotlib's ``.svgz`` writes that file's
-    name into its gzip header, which would be the temporary one (``gunzip -N`` then restores a hidden name)."""
+    through a temporary name, with ``metadata`` (matplotlib's: text chunks of a PNG). It is drawn in memory first:
+    given a file, matplotlib's ``.svgz`` writes that file's name into its gzip header, which would be the temporary
+    one (``gunzip -N`` then restores a hidden name)."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format=figure_format(path, option), dpi=dpi)
+    fig.savefig(buffer, format=figure_format(path, option), dpi=dpi, metadata=metadata)
     with atomic_path(path) as tmp:
         Path(tmp).write_bytes(buffer.getvalue())
 
