@@ -5,7 +5,9 @@ Also holds :func:`write_tickets`, the small synthetic data set every ``test_clas
 
 import csv
 import json
+import os
 import random
+import re
 import sys
 
 import pytest
@@ -164,6 +166,11 @@ def test_bad_tables_are_one_clear_error(tmp_path, content, kwargs, message):
 def test_missing_file_bad_json_one_class_few_shots_and_a_spreadsheet(tmp_path):
     with pytest.raises(AttnlabError, match="data file not found"):
         read_table(tmp_path / "nope.csv")
+    with pytest.raises(AttnlabError, match=f"^{re.escape(str(tmp_path))} is a folder, not a table file$"):
+        read_table(tmp_path)
+    os.mkfifo(tmp_path / "pipe.csv")  # (opened, it would block: refused by what it is)
+    with pytest.raises(AttnlabError, match=r"pipe.csv is not a regular file \(a pipe or a device, say\)"):
+        read_table(tmp_path / "pipe.csv")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "a", "label": "x"}\n[1, 2]\n', encoding="utf-8")
     with pytest.raises(AttnlabError, match=r"bad.jsonl:2: expected a JSON object"):

@@ -72,8 +72,10 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, object]]]:
     """The column names and the rows of a CSV or JSON-lines file."""
     if not path.exists():
         raise AttnlabError(f"data file not found: {path}")
+    if path.is_dir():
+        raise AttnlabError(f"{path} is a folder, not a table file")
     if not path.is_file():
-        raise AttnlabError(f"data path is not a file: {path}")
+        raise AttnlabError(f"{path} is not a regular file (a pipe or a device, say): give the table as a file")
     raw = decode_utf8(path.read_bytes(), path, bom=True)
     if path.suffix.lower() in JSON_SUFFIXES:
         rows: list[dict[str, object]] = []
