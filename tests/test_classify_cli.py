@@ -398,7 +398,7 @@ def test_bad_run_folders_are_one_line_and_exit_2(trained, tmp_path):
     resumed = run("train", "classify", "--train", train, "--out", out, *SMALL, "--steps", "7", "--lr", "1e-2",
                   "--threads", "2", "--resume")
     assert resumed.exit_code == 0, resumed.output
-    assert "resume: the run now ends at step 7 instead of 2; its learning-rate schedule is re-planned" in resumed.output
+    assert "resume: the run now ends at step 7 instead of 2; its learning-rate schedule is re-planned" in resumed.stderr
     assert "ignored: lr=0.01 (the run has 0.003)" in resumed.stderr and "steps=" not in resumed.output
     assert "threads=" not in resumed.output  # a resume may set the thread count
     assert json.loads((out / "result.json").read_text())["steps"] == 7
@@ -674,7 +674,9 @@ def test_lengthening_a_classify_run_on_resume_is_refused_when_it_could_not_go_on
     assert "holds the report of a run that ran" in one_error_line(out_of("fresh", "--steps", "3", "--resume"))
     (tmp_path / "fresh" / "result.json").unlink()  # as a run killed before its first checkpoint leaves it
     again = out_of("fresh", "--steps", "3", "--resume")
-    assert again.exit_code == 0 and "resume: the run starts again with 3 steps instead of 2" in again.output
+    assert again.exit_code == 0 and "resume: the run starts again with 3 steps instead of 2" in again.stderr
+    assert "has no checkpoint yet: starting the run again from step 0" in again.stderr  # (stderr, as train lm's)
+    assert "resume" not in again.stdout and "checkpoint" not in again.stdout.split("run folder:")[0]
     assert json.loads((tmp_path / "fresh" / "result.json").read_text())["steps"] == 3
     # Interrupted while going on to its new length: a plain --resume finishes it (the length was saved first).
     assert out_of("cut", "--steps", "4", "--checkpoint-every", "1", "--max-seconds", "0").exit_code == 0

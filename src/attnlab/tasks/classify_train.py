@@ -447,10 +447,9 @@ def _time_in(model: nn.Module, task: ClassifyTask, settings: ClassifySettings, s
 
 
 def _resumed_settings(out: Path, train_path: str | Path, valid_path: str | Path | None, requested: dict[str, Any],
-                      note: Callable[[str], None], aside: Callable[[str], None],
-                      ) -> tuple[dict[str, Any], ClassifySettings, dict[str, int]]:
-    """What ``--resume`` continues: the run's saved config, its settings, and the new length asked. ``note``
-    receives the lines on what the resume does, ``aside`` (stderr) the settings given that the run's overrule.
+                      aside: Callable[[str], None]) -> tuple[dict[str, Any], ClassifySettings, dict[str, int]]:
+    """What ``--resume`` continues: the run's saved config, its settings, and the new length asked. ``aside``
+    (stderr) receives the line naming the settings given that the run's overrule.
 
     A new length (``steps``, else ``epochs``: returned, re-planned once the data gives an epoch's steps), a
     new time budget, checkpoint interval and thread count (where the run stops, what it saves and how many
@@ -488,7 +487,7 @@ def _resumed_settings(out: Path, train_path: str | Path, valid_path: str | Path 
 
 def _planned_steps(out: Path, model: nn.Module, task: ClassifyTask, settings: ClassifySettings, *,
                    saved: dict[str, Any] | None, length: dict[str, int], resume: bool,
-                   note: Callable[[str], None]) -> tuple[ClassifySettings, int]:
+                   note: Callable[[str], None], aside: Callable[[str], None]) -> tuple[ClassifySettings, int]:
     """The run's length in optimizer steps (and its settings, holding a new length a resume asked).
 
     A new run takes ``--steps``, else ``--epochs``, else as many epochs as fit in ``--max-seconds`` (an epoch
@@ -506,9 +505,9 @@ def _planned_steps(out: Path, model: nn.Module, task: ClassifyTask, settings: Cl
         settings = replace(settings, steps=asked)
         if resume:  # (a run with no checkpoint yet starts again from step 0, with its new length)
             before, after = (settings.train_config(n, per_epoch, False).learning_rates() for n in (planned, asked))
-            note(length_changed(before, after, checkpoint_progress(out)[0]))
+            aside(length_changed(before, after, checkpoint_progress(out)[0]))
         else:
-            note(f"resume: the run starts again with {asked} steps instead of {planned}")
+            aside(f"resume: the run starts again with {asked} steps instead of {planned}")
         return settings, asked
     if settings.steps or settings.epochs:
         return settings, settings.steps or settings.epochs * per_epoch
@@ -585,8 +584,9 @@ def train_classifier(
         progress: show the engine's progress bar.
         on_note: receives the lines worth showing (data sizes, truncation, token vectors).
         on_warning: receives the ``note: ...`` lines on settings that will not do what they say (options the
-            model does not read, a warmup as long as the run) and, on resume, the settings given that the run's
-            own overrule: the command writes them to stderr, as ``train lm`` does.
+            model does not read, a warmup as long as the run) and, on resume, what the resume does (the settings
+            given that the run's own overrule, a new length, a start again from step 0): the command writes them
+            to stderr, as ``train lm`` and ``train translate`` do.
 
     Returns:
         the report; its :meth:`~ClassifyReport.last_line` is what the command prints last.
@@ -607,7 +607,7 @@ def train_classifier(
     saved: dict[str, Any] | None = None
     length: dict[str, int] = {}
     if resume:
-        saved, settings, length = _resumed_settings(out, train_path, valid_path, requested, note, aside)
+        saved, settings, length = _resumed_settings(out, train_path, valid_path, requested, aside)
     else:  # every process checks, before the barrier below lets rank 0 write
         refuse_existing_run(out, TASK_NAME)
     settings.check(new_run=saved is None)
@@ -639,7 +639,7 @@ def train_classifier(
         if saved is not None and not has_checkpoint(out):
             # Killed before its first checkpoint: start again from step 0 with the saved settings and tokenizer,
             # which is exactly what the uninterrupted run did.
-            note(f"{out} has no checkpoint yet: starting the run again from step 0")
+            aside(f"{out} has no checkpoint yet: starting the run again from step 0")
             resume = False
         if saved is None or not resume:
             model = build_classifier(tokenizer, trained, len(data.labels), settings, train_enc.ids, note)
@@ -655,7 +655,7 @@ def train_classifier(
                                 saved is None or saved.get(UNSEEN_COUNTED, False)) else 0)
         per_epoch = task.batches_per_epoch()
         settings, planned = _planned_steps(out, model, task, settings, saved=saved, length=length, resume=resume,
-                                           note=note)
+                                           note=note, aside=aside)
         config = settings.train_config(planned, per_epoch, progress and main)
         if saved is None and config.warmup_steps >= planned:  # (train lm says the same of its --warmup)
             never = "" if config.warmup_steps == planned else f", never reaching its peak {settings.lr:g}"
