@@ -66,6 +66,8 @@ def test_training_reaches_exact_match_decoding_on_held_out_sentences(toy):
     assert last.startswith("300 steps in ") and f"validation BLEU {summary['best']['bleu']:.2f}" in last
     assert "source and target tokens/s" in last  # what the engine counts: real tokens on both sides
     assert "config.json, tokenizer.json, metrics.jsonl" in toy["train_output"]  # the files written, by name
+    # The data and the model on stdout first, as train lm and train classify say theirs (it went to stderr).
+    assert toy["train_output"].startswith("1500 training pairs, 40 validation pairs; model Transformer with ")
     src, ref = toy["test"]
     out = toy["root"] / "test.hyp"
     run_cli("translate", toy["run"], "--input", toy["root"] / "test.xx", "--output", out, "--beam", "1", "--no-progress")
@@ -456,7 +458,8 @@ def test_a_long_validation_source_is_warned_about_once_by_training_and_by_the_te
                      "--tgt", "yy", "--out", tmp_path / "run", "--max-steps", "2", "--no-look-ahead-mask", *SMALL)
     source = "warning: 1 validation source line longer than the model's 16 source positions was truncated to fit"
     assert result.stderr.count("source line") == 1 and source in result.stderr, result.stderr
-    lines = result.stderr.splitlines()  # said when the data is read, before training, not once the run has ended
+    lines = result.output.splitlines()  # said when the data is read, before training, not once the run has ended
+    # (output: stderr and stdout, which the data line is on, in the order written)
     assert lines.index(source) < next(i for i, line in enumerate(lines) if "validation pairs; model" in line)
     table = run_cli("experiment", "teacher-forcing", "--valid", tmp_path / "valid", "--correct", toy["run"],
                     "--leaky", tmp_path / "run", "--out", tmp_path / "report")

@@ -185,7 +185,8 @@ def teacher_forcing(train: str | None, valid: str, src: str, tgt: str, out: Path
             click.echo(f"training the {name} model ({'with' if mask else 'WITHOUT'} the look-ahead mask){beside}",
                        err=True)
             train_translation(train=train, valid=valid, out=out / name, settings=settings, train_config=config,
-                              log=lambda m: click.echo(m, err=True), **reused_tables)
+                              log=lambda m: click.echo(m, err=True), on_note=lambda m: click.echo(m, err=True),
+                              **reused_tables)
             runs[name] = out / name
         _refuse_unlike(runs)
         rows = teacher_forcing_rows(runs, valid)

@@ -110,7 +110,7 @@ def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint
         result = train_translation(train=train, valid=valid, out=out, settings=settings, model_kwargs=model_kwargs,
                                    share_embeddings=share_embeddings and joint_vocab, tie_output=tie_output,
                                    train_config=config, resume=resume, requested=requested,
-                                   log=lambda m: click.echo(m, err=True))
+                                   log=lambda m: click.echo(m, err=True), on_note=click.echo)
     best = result.best
     chosen = (f"best at step {best['step']}: validation BLEU {best['bleu']:.2f}, chrF {best['chrf']:.1f}, "
               f"loss {best['loss']:.3f}" if best else "no validation ran")

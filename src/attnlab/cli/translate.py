@@ -31,6 +31,7 @@ def report_warnings() -> Iterator[None]:
         # through tqdm: a bar on the terminal (translation's, training's) is cleared, the line written, the bar
         # drawn again below it; with no bar this is a plain line on stderr
         tqdm.write(f"warning: {message}", file=sys.stderr)
+        sys.stderr.flush()  # (before the next line on stdout, where stderr is a buffered file)
 
     with warnings.catch_warnings():  # (restores the filters and showwarning on the way out)
         warnings.simplefilter("always")

@@ -381,6 +381,7 @@ def train_translation(
     resume: bool = False,
     requested: dict[str, Any] | None = None,
     log: Callable[[str], None] = print,
+    on_note: Callable[[str], None] = print,
 ) -> TrainResult:
     """Train (or resume) a translation run in ``out`` and return the engine's summary.
 
@@ -388,13 +389,16 @@ def train_translation(
     trains; ``resume=True`` reads both back from ``out`` and continues from its checkpoint, with the
     run's settings except the engine settings named in ``requested`` (by field name: what a command line
     gave; ``None`` counts every field of ``settings``, ``model_kwargs`` and ``train_config`` as given).
+    ``on_note`` receives the line on the data and the model (the command prints it on stdout, as ``train lm``
+    and ``train classify`` print theirs), ``log`` what the run does on the way (its BPE training, what a
+    resume keeps and changes: stderr).
     """
     out = Path(out)
     config = train_config or TrainConfig(**RECIPE_TRAIN)
     config.validate()  # before anything is written: a bad setting leaves no half-made run
     main = is_main_process()
     if not main:  # under torchrun rank 0 reports; the others would repeat it
-        log = _silent
+        log = on_note = _silent
     existed = out.exists()  # a run that fails before its first checkpoint removes the folder only if it made it
     refuse_bad_run_path(out)
     if resume:
@@ -454,7 +458,7 @@ def train_translation(
                 write_run_config(out, {"task": TASK, "model": model_config(model), "train": config_dict(config),
                                        "settings": asdict(settings), "data": data_record})
     task = TranslationTask(train_pairs, valid_pairs, valid_sources, valid_ref, tgt_tok, settings, seed=config.seed)
-    log(f"{len(train_pairs)} training pairs, {len(valid_pairs)} validation pairs; model {type(model).__name__} "
+    on_note(f"{len(train_pairs)} training pairs, {len(valid_pairs)} validation pairs; model {type(model).__name__} "
         f"with {model.num_parameters():,} parameters")
 
     def record() -> None:  # what the run now is, once its checkpoint has loaded: an interrupted lengthening goes on
