@@ -188,9 +188,12 @@ def _weightings(exp: _Experiment, words: list[list[str]], groups: list[list[str]
                       "meaning-heavy (bottom row) the groups come back, with position as a small perturbation."))
     body += para("Procrustes disparity of each layout from the semantic-only one (0 = same shape after rotation,",
                  "scaling and shifting; 1 = no relation):")
+    # At the seed's width the encoder's ratio sqrt(d):1 is 10:1, whose disparity the seed gives.
+    seed_column = {**SEED_DISPARITY, "sqrt_d:1": SEED_DISPARITY["10:1"]}
+    seed_ratio = f" (sqrt({SEED_WIDTH}) = {math.sqrt(SEED_WIDTH):g}: its 10:1)"
     body += table(["W1:W2", f"disparity, d = {d}", f"seed 000, d = {SEED_WIDTH}"],
-                  [(_shown(key), f"{disparity[key]:.6f}", f"{SEED_DISPARITY[key]:.6f}" if key in SEED_DISPARITY else "")
-                   for _, _, key, _ in weightings])
+                  [(_shown(key), f"{disparity[key]:.6f}",
+                    f"{seed_column[key]:.6f}{seed_ratio if key == 'sqrt_d:1' else ''}") for _, _, key, _ in weightings])
     at_encoder = (f"at the encoder's own ratio the disparity is {disparity['sqrt_d:1']:.4f}: this arrangement "
                   "survives almost unchanged" if kept["sqrt_d:1"] else
                   f"at the encoder's own ratio the disparity is {disparity['sqrt_d:1']:.4f}: with these vectors "

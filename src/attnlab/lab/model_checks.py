@@ -186,7 +186,8 @@ def model_section() -> Section:
                    "as seed 003 does); cross-attention leaves source position 4, the padding, at 0.")
     body += heading("Eval against train mode")
     body += check(eval_same, "two forward passes in eval mode are identical")
-    body += check(not train_same, f"two passes in train mode differ (dropout 0.1): largest difference {train_diff:.4f}")
+    body += check(not train_same, f"two passes in train mode differ (dropout 0.1): largest difference of the output "
+                                  f"probabilities {train_diff:.4f}")
 
     numbers = {
         "encoder_layer": layer_numbers,

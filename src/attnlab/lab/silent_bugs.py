@@ -97,12 +97,13 @@ def _positional_mask(n: dict) -> str:
                    "Python's own answer (<code>inspect.signature</code>); the weights are the core's:")
             + code(f"no mask          {_r(plain)}\nmask by position {_r(ignored)}\nattend_mask=...  {_r(masked)}")
             + check(binds["keras2_call"] == "attention_mask" != binds["keras3_call"] and differs,
-                    "with the two signatures written here, Python binds the fourth argument to attention_mask in "
-                    "Keras 2's only; the real mask changes the weights, so a mask lost this way shows only in the "
-                    "numbers")
+                    "with the two signatures written here, the fourth argument lands on attention_mask under Keras "
+                    "2's signature only; the real mask changes the outputs, so a mask lost this way shows only in "
+                    "the numbers")
             + para("(The row for the mask passed by position equals the one without a mask by construction: the",
                    "wrapper, like Keras 3, drops it. What is measured is where it binds and what the real mask does.)")
-            + para("attnlab's masks are keyword-only, so the same slip raises:") + code("\n".join(refusals)))
+            + para("attnlab's masks are keyword-only, so the same slip raises:")
+            + code("\n".join(f"{call}: {said}" for call, said in zip(("mha(x, mask)", "mha(x, x, x, mask)"), refusals))))
 
 
 class _CrossMaskFromTarget(nn.Module):
@@ -166,7 +167,8 @@ def _broadcast(n: dict) -> str:
             + code(f"{ids.shape} + {keep.shape} -> {wrong.shape}\nrow [0, 0] {np.round(wrong[0, 0], 4).tolist()} "
                    f"(correct)\nrow [1, 0] {np.round(wrong[1, 0], 4).tolist()} (sequence 0's scores, 1's mask)")
             + check(diagonal_ok, f"the diagonal rows equal the correct ones; {off_wrong} of 6 other pairings differ")
-            + para("The printed row looks right because it is a diagonal one. The core refuses another rank:")
+            + para("A diagonal row, such as [0, 0], is right and an off-diagonal one is not, so a row printed to",
+                   "check can look right. The core refuses another rank:")
             + code(refusal))
 
 
@@ -204,7 +206,7 @@ def _training_flag(n: dict, model: Transformer) -> str:
     return (heading("5. The training flag forgotten")
             + code(f"encoder layer of 'The model', two calls in train mode: largest difference "
                    f"{n['training_flag']['train_max_difference']:.4f}; in eval mode identical: "
-                   f"{n['training_flag']['eval_identical']}\nmode check, lab-toy with dropout left on: "
+                   f"{n['training_flag']['eval_identical']}\nmode check, lab-toy with dropout left on (its outputs are logits): "
                    f"{verdict.status}: {verdict.summary}")
             + para("Dropout at evaluation makes predictions random; missing in training removes the regulariser.",
                    "The <code>mode</code> check catches the first; attnlab layers follow <code>model.train()</code>."))
@@ -227,8 +229,9 @@ def _head_width(n: dict) -> str:
             + table(["parameters of", "head_dim = d (seed 000)", "head_dim = d / heads (the paper)",
                      "d_k = 64 over all heads (seed 003)"],
                     [(k, f"{a:,}", f"{b:,}", f"{c:,}" if c is not None else "") for k, (a, b, c) in rows.items()])
-            + para("Full-width heads multiply the attention parameters by the number of heads; seed 003's 64 in all",
-                   'divides them by it (<a href="#parameters">parameter summaries</a>).'))
+            + para("Full-width heads multiply the attention parameters by about the number of heads, and seed 003's",
+                   "64 in all divides them by about as much (the output projection's bias, d wide, does not change):",
+                   '<a href="#parameters">parameter summaries</a>.'))
 
 
 def _multiply(n: dict) -> str:
