@@ -206,8 +206,8 @@ def _training_flag(n: dict, model: Transformer) -> str:
     return (heading("5. The training flag forgotten")
             + code(f"encoder layer of 'The model', two calls in train mode: largest difference "
                    f"{n['training_flag']['train_max_difference']:.4f}; in eval mode identical: "
-                   f"{n['training_flag']['eval_identical']}\nmode check, lab-toy with dropout left on (its outputs are logits): "
-                   f"{verdict.status}: {verdict.summary}")
+                   f"{n['training_flag']['eval_identical']}\nmode check, lab-toy with dropout left on (its outputs are "
+                   f"logits): {verdict.status}: {verdict.summary}")
             + para("Dropout at evaluation makes predictions random; missing in training removes the regulariser.",
                    "The <code>mode</code> check catches the first; attnlab layers follow <code>model.train()</code>."))
 

@@ -107,7 +107,7 @@ def _drawn_from(path: Path) -> str | None:
     try:
         with Image.open(path) as image:
             return getattr(image, "text", {}).get(DATA_KEY)
-    except (OSError, ValueError):  # a folder, a file that is no image, a truncated one
+    except (OSError, ValueError, Image.DecompressionBombError):  # a folder, no image, a truncated or a huge one
         return None
 
 

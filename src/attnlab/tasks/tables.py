@@ -240,11 +240,12 @@ def _refuse_twice(columns: list[str], column: str, path: Path) -> None:
 def _refuse_nested(rows: list[dict[str, object]], text_column: str, label_column: str | None, path: Path) -> None:
     """Refuse a JSON array or object in the text or label column: its JSON spelling would become the text, or a
     class of its own (``["billing", "refund"]``, a multi-label row, a third class beside the two)."""
-    wanted = {text_column: "text", label_column: "one label: text, a number or true/false (multi-label rows are "
-                                                 "not supported)"}
+    wanted = [(text_column, "text")]
+    if label_column is not None:
+        wanted.append((label_column, "one label: text, a number or true/false (multi-label rows are not supported)"))
     for i, row in enumerate(rows):
-        for column, what in wanted.items():
-            value = row.get(column) if column is not None else None
+        for column, what in wanted:
+            value = row.get(column)
             if isinstance(value, list | dict):
                 kind = "an array" if isinstance(value, list) else "an object"
                 raise AttnlabError(f"{path}: {_row_name(path, i)}: its {column!r} is {kind}; it must be {what}")
