@@ -22,9 +22,11 @@ $(STAMP): pyproject.toml
 lab: $(STAMP)
 	$(BIN)/attnlab lab --out $(OUT)
 
+# A worker per core, each test file on one worker (its module fixtures are built once); more than 4 gain little,
+# since the largest file alone takes a fifth of the suite. tests/conftest.py gives each worker one torch thread.
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
