@@ -86,6 +86,10 @@ def test_translate_reads_standard_input_with_a_dash_and_refuses_no_sentences(toy
     for args, stdin, name in (([tmp_path / "empty.xx"], None, tmp_path / "empty.xx"), (["-"], "", "standard input")):
         result = CliRunner().invoke(cli, [str(a) for a in ("translate", toy["run"], "--input", *args)], input=stdin)
         assert result.exit_code == 2 and result.stderr == f"error: {name} holds no sentences\n"
+    for folder in (tmp_path, tmp_path / "a.gz"):  # (a folder's name may end in .gz too)
+        folder.mkdir(exist_ok=True)
+        result = CliRunner().invoke(cli, ["translate", str(toy["run"]), "--input", str(folder)])
+        assert result.exit_code == 2 and result.stderr == f"error: {folder} is a folder, not a text file\n"
     for option in ("--src-file", "--ref-file"):  # eval reads two files: one stdin cannot be both
         files = {"--src-file": toy["root"] / "test.xx", "--ref-file": toy["root"] / "test.yy", option: "-"}
         args = ["eval", "translate", str(toy["run"])] + [str(a) for pair in files.items() for a in pair]

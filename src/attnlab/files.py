@@ -65,6 +65,8 @@ def read_lines(path: str | Path) -> list[str]:
             data = Path(path).read_bytes()
     except (gzip.BadGzipFile, EOFError, zlib.error) as err:
         raise AttnlabError(f"{name} is not a readable gzip file ({err})") from None
+    except IsADirectoryError:  # (as the table and text readers say it)
+        raise AttnlabError(f"{name} is a folder, not a text file") from None
     except OSError as err:
         raise AttnlabError(f"cannot read {name}: {err.strerror or err}") from None
     lines = decode_utf8(data, name, bom=True).split("\n")
