@@ -68,6 +68,24 @@ def test_word_panel_labels_of_points_close_together_do_not_overprint(monkeypatch
     assert overlapping == []
 
 
+def test_word_panel_labels_stay_inside_their_frame(monkeypatch):
+    drawn = []
+    monkeypatch.setattr(figures, "to_png", lambda fig: drawn.append(fig) or "")
+    # long labels on the points at the panel's right and top edges (queen@1 ran over the right-hand frame line)
+    points = np.array([[-3.0, 2.0], [4.0, -0.25], [1.5, -0.5], [2.0, -0.45], [-2.5, -3.9], [-0.1, 2.8]])
+    words = ["red", "queen", "king", "woman", "football", "yellow"]
+    figures.word_panels([points, points[:, ::-1]], [words] * 2, [["colours"] + ["people"] * 3 + ["sports", "colours"]] * 2,
+                        ["one", "two"])
+    fig = drawn[0]
+    fig.canvas.draw()
+    for ax in fig.axes:
+        frame = ax.get_window_extent()
+        outside = [t.get_text() for t in ax.texts
+                   if not (frame.x0 <= t.get_window_extent().x0 and t.get_window_extent().x1 <= frame.x1
+                           and frame.y0 <= t.get_window_extent().y0 and t.get_window_extent().y1 <= frame.y1)]
+        assert outside == []
+
+
 def test_the_model_section_shows_padded_outputs_and_the_two_attention_shapes():
     from attnlab.lab.model_checks import model_section
 

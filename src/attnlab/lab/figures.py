@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.font_manager import FontProperties  # noqa: E402
 
 DPI = 100
 #: One colour per semantic group of the engineered sentences (seed 000), so clusters read at a glance.
@@ -97,27 +98,43 @@ def _overlap(a: tuple[float, ...], b: tuple[float, ...]) -> float:
     return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
 
 
-def _word_panel(ax: Axes, points: np.ndarray, words: Sequence[str], groups: Sequence[str], title: str) -> None:
+def _word_panel(ax: Axes, points: np.ndarray, groups: Sequence[str], title: str) -> None:
+    """The points of one panel, its grid, axis labels and title: everything but the words."""
     ax.scatter(points[:, 0], points[:, 1], color=[GROUP_COLOURS[g] for g in groups], zorder=3)
     ax.margins(0.15)
-    ax.autoscale_view()
-    # Each label goes to the first spot around its point where it covers no label placed before it and no point;
-    # failing that, to the spot that covers the least label area, then the least point area: words that land close
-    # together in a layout must stay readable. Boxes are estimated in pixels from the label's length; the figure's
-    # final layout moves them little.
+    ax.grid(linestyle="--", alpha=0.4)
+    ax.set_xlabel("PC1 (this panel's own PCA)")
+    ax.set_ylabel("PC2")
+    ax.set_title(title, fontsize=11, color="dimgray")
+
+
+def _label_points(ax: Axes, points: np.ndarray, words: Sequence[str], groups: Sequence[str]) -> None:
+    """Write ``word@position`` beside each point of a panel whose layout is final.
+
+    Each label goes to the first spot around its point where it covers no label placed before it and no point,
+    and stays inside the frame; failing that, to the spot that covers the least label area (plus its area outside
+    the frame, where it would run over the frame's line or off the panel), then the least point area: words that
+    land close together in a layout must stay readable. Boxes are in pixels, the label's width as the renderer
+    measures it.
+    """
     pixel = ax.figure.dpi / 72  # pixels per point
+    renderer = ax.figure.canvas.get_renderer()
+    font = FontProperties(size=11, weight="bold")
     at = ax.transData.transform(points)  # (n, 2) pixels
+    frame = tuple(ax.bbox.extents)  # (x0, y0, x1, y1) pixels
     dots = [(x - 5 * pixel, y - 5 * pixel, x + 5 * pixel, y + 5 * pixel) for x, y in at]
     placed: list[tuple[float, ...]] = []
     for i, ((x, y), word, group) in enumerate(zip(at, words, groups)):
         # The word's position in its sentence rides along, so an arrangement by position can be checked.
         label = f"{word}@{i}"
-        width, height = len(label) * 9 * pixel, 11 * pixel  # bold 11 pt: at most about 9 pt a character
+        width = renderer.get_text_width_height_descent(label, font, ismath=False)[0]
+        height = 11 * pixel
         choices = []
         for (dx, dy), side in LABEL_SPOTS:
             left = x + dx * pixel - (width if side == "right" else 0.0)
             box = (left, y + dy * pixel, left + width, y + dy * pixel + height)
-            covered = (sum(_overlap(box, other) for other in placed),
+            outside = width * height - _overlap(box, frame)
+            covered = (sum(_overlap(box, other) for other in placed) + outside,
                        sum(_overlap(box, other) for other in dots[:i] + dots[i + 1:]))
             choices.append((covered, (dx, dy), side, box))
             if covered == (0, 0):
@@ -126,10 +143,6 @@ def _word_panel(ax: Axes, points: np.ndarray, words: Sequence[str], groups: Sequ
         placed.append(box)
         ax.annotate(label, points[i], fontsize=11, fontweight="bold", xytext=offset, textcoords="offset points",
                     ha=side, va="bottom", color=GROUP_COLOURS[group])
-    ax.grid(linestyle="--", alpha=0.4)
-    ax.set_xlabel("PC1 (this panel's own PCA)")
-    ax.set_ylabel("PC2")
-    ax.set_title(title, fontsize=11, color="dimgray")
 
 
 def word_panels(layouts: Sequence[np.ndarray], words: Sequence[Sequence[str]], groups: Sequence[Sequence[str]],
@@ -147,10 +160,15 @@ def word_panels(layouts: Sequence[np.ndarray], words: Sequence[Sequence[str]], g
     rows = 2 if n == 4 else 1  # four panels read better as a 2 x 2 grid than as a thin strip
     cols = n // rows
     fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.8 * rows), squeeze=False, layout="constrained")
-    for ax, points, w, g, title in zip(axes.flat, layouts, words, groups, titles):
-        _word_panel(ax, points, w, g, title)
+    for ax, points, g, title in zip(axes.flat, layouts, groups, titles):
+        _word_panel(ax, points, g, title)
     handles = [plt.Line2D([], [], marker="o", linestyle="", color=c, label=name) for name, c in GROUP_COLOURS.items()]
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
+    # The words go on last, where the layout has put the panels (labels kept inside their frames do not move it):
+    # placed before it, they were placed against frames that the layout then moved and stretched.
+    fig.draw_without_rendering()
+    for ax, points, w, g in zip(axes.flat, layouts, words, groups):
+        _label_points(ax, points, w, g)
     return to_png(fig)
 
 
