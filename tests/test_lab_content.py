@@ -121,4 +121,6 @@ def test_seed003s_hide_masks_convert_to_the_cores_cell_for_cell():
     assert seed003["padding_mask"] == [0, 0, 0, 0, 1, 1, 1]  # the seed's printed padding_mask([1, 2, 3, 4, 0, 0, 0])
     assert seed003["look_ahead"] == np.triu(np.ones((5, 5)), 1).tolist()  # its printed lookahead_mask(5)
     assert seed003["decoder_mask"][3] == [0, 0, 0, 1, 1]  # padded keys 3 and 4 hidden in every row
-    assert seed003["padding_agrees"] and seed003["decoder_agrees"]
+    assert seed003["padding_agrees"] and seed003["look_ahead_agrees"] and seed003["decoder_agrees"]
+    body = text(masks_section())  # the seed's lookahead_mask(5) is shown as it prints it, not only described
+    assert "seed 003: lookahead_mask(5), 1 = hidden" in body

@@ -48,22 +48,28 @@ def _seed003_masks() -> tuple[dict, str]:
     combined = np.maximum((dec == 0).astype(np.float32)[None, :], look_ahead)  # maximum(padding, look-ahead)
     decoder = decoder_self_mask(torch.tensor([SEED003_DECODER_IDS]))[0, 0]  # (5, 5) bool
     padding_same = bool(torch.equal(from_hide_mask(torch.tensor(seed_padding)), ours))
+    look_ahead_same = bool(torch.equal(from_hide_mask(torch.tensor(look_ahead)), causal_mask(len(dec))[0, 0]))
     decoder_same = bool(torch.equal(from_hide_mask(torch.tensor(combined)), decoder))
     numbers = {"padding_mask": seed_padding.tolist(), "look_ahead": look_ahead.tolist(),
-               "decoder_mask": combined.tolist(), "padding_agrees": padding_same, "decoder_agrees": decoder_same}
+               "decoder_mask": combined.tolist(), "padding_agrees": padding_same,
+               "look_ahead_agrees": look_ahead_same, "decoder_agrees": decoder_same}
+    labels = {"row_labels": [f"q {i}" for i in range(len(dec))], "col_labels": [f"k {j}" for j in range(len(dec))]}
     return numbers, (heading("Seed 003's masks: 1 = hide")
             + para("Seed 003 writes its masks the other way round, as floats with 1 on the cells to hide:",
                    f"<code>padding_mask({SEED003_IDS})</code> is <code>{seed_padding.astype(int).tolist()}</code>",
                    "where attnlab's is <code>" + str(ours.int().tolist()) + "</code> (1 = may attend), and its",
-                   "<code>lookahead_mask(5)</code> has 1 above the diagonal. Its decoder mask is the element-wise",
-                   "maximum of the two, hiding a cell when either mask hides it; attnlab's",
-                   "<code>decoder_self_mask</code> is the logical <i>and</i> of the two attend masks, the same thing",
-                   f"said the other way. For the decoder input {SEED003_DECODER_IDS}:")
-            + matrix(combined.astype(int), row_labels=[f"q {i}" for i in range(len(dec))],
-                     col_labels=[f"k {j}" for j in range(len(dec))],
+                   "<code>lookahead_mask(5)</code> has 1 above the diagonal, where <code>causal_mask(5)</code> has 0.",
+                   "Its decoder mask is the element-wise maximum of the two, hiding a cell when either mask hides",
+                   "it; attnlab's <code>decoder_self_mask</code> is the logical <i>and</i> of the two attend masks,",
+                   "the same thing said the other way.")
+            + matrix(look_ahead.astype(int), **labels, caption="seed 003: lookahead_mask(5), 1 = hidden",
+                     css="matrix mask")
+            + para(f"Its decoder mask for the decoder input {SEED003_DECODER_IDS}, whose last two ids are padding:")
+            + matrix(combined.astype(int), **labels,
                      caption="seed 003: maximum(padding_mask, lookahead_mask), 1 = hidden", css="matrix mask")
-            + check(padding_same and decoder_same, "from_hide_mask turns both of the seed's masks into attnlab's "
-                                                   "padding_mask and decoder_self_mask, cell for cell"))
+            + check(padding_same and look_ahead_same and decoder_same,
+                    "from_hide_mask turns the seed's three masks into attnlab's padding_mask, causal_mask and "
+                    "decoder_self_mask, cell for cell"))
 
 
 #: Key widths for the scaling experiment, up to seed 003's 512; queries drawn per width, keys per query.
