@@ -36,6 +36,9 @@ def test_seed003_layers_are_counted_sub_layer_by_sub_layer():
     # The seed prints one LayerNorm fewer: its decoder applies one normalisation to two sub-layers.
     assert n["decoder_layer"]["total"] - SEED_DECODER_TOTAL == n["decoder_layer"]["difference"] == norm
     assert n["model_total"] > 27_000_000  # "more than 27 million" (a reader of seed 003)
+    # Output shapes measured sub-layer by sub-layer, one per counted row: the seed's (None, 5, 512) at batch 1.
+    for layer in ("encoder_layer", "decoder_layer"):
+        assert n[layer]["output_shapes"] == {name: [1, 5, d] for name in n[layer]["rows"]}
 
 
 def test_seed004_causal_head_is_reproduced_by_torch_and_by_attnlab(seed004):
