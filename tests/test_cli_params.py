@@ -5,7 +5,7 @@ import pytest
 from click.testing import CliRunner
 
 from attnlab.cli.main import cli
-from attnlab.cli.params import FiniteFloat, PathParam, Threads
+from attnlab.cli.params import FiniteFloat, PathParam, Threads, WholeNumber
 
 
 def all_params():
@@ -25,6 +25,17 @@ def test_every_path_of_every_command_refuses_an_empty_name():
     paths = [(name, p.name, p.type) for name, p in all_params() if isinstance(p.type, click.Path)]
     assert len(paths) > 20  # --out, --text, RUN, --glove, ... across the commands
     assert [(name, param) for name, param, kind in paths if not isinstance(kind, PathParam)] == []
+
+
+def test_a_whole_number_option_given_no_number_says_it_wants_an_integer():
+    ranges = [(name, p.name, p.type) for name, p in all_params() if isinstance(p.type, click.IntRange)]
+    assert len(ranges) > 40  # --steps, --seed, --top-k, --threads, --dim, ... across the commands
+    assert [(name, param) for name, param, kind in ranges if not isinstance(kind, WholeNumber)] == []
+    refused = CliRunner().invoke(cli, ["train", "lm", "--text", "t", "--out", "o", "--steps", "abc"])
+    assert refused.exit_code == 2  # (click said "'abc' is not a valid integer range")
+    assert refused.stderr.splitlines()[-1].startswith("error: Invalid value for '--steps': 'abc' is not a valid integer.")
+    assert "--steps INTEGER" in CliRunner().invoke(cli, ["train", "lm", "--help"]).stdout
+    assert "INTEGER RANGE" not in CliRunner().invoke(cli, ["train", "lm", "--help"]).stdout
 
 
 def test_every_float_option_refuses_nan_and_infinity():

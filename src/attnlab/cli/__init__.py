@@ -1,6 +1,6 @@
 """The ``attnlab`` command line: one module per command, registered in :mod:`attnlab.cli.main`."""
 
-import click
+from attnlab.cli.params import WholeNumber
 
 #: Every ``--seed``: torch's generators take unsigned 64-bit seeds, and a larger number would end in a traceback.
-SEED = click.IntRange(0, 2**63 - 1)
+SEED = WholeNumber(0, 2**63 - 1)

@@ -24,6 +24,7 @@ from attnlab.checks.contract import KINDS, MAX_VOCAB_SIZE, MIN_MAX_LENGTH, MIN_V
 from attnlab.checks.loading import load_model
 from attnlab.checks.runner import run_checks
 from attnlab.cli.console import console as stdout_console
+from attnlab.cli.params import WholeNumber
 from attnlab.errors import AttnlabError, in_one_line
 from attnlab.training.checkpoint import CONFIG, load_run, read_run_config
 
@@ -94,11 +95,11 @@ def run_contract(config: dict) -> dict:
               help="encoder/decoder: model(ids); seq2seq: model(src, tgt). [factory: required; a run: its task's]")
 @click.option("--pad-id", default=None, callback=_pad_id,
               help="Padding id (right padding), or 'none' for a model without padding. [factory: 0, or the pad id of an adapter or of attnlab's model; a run: its own]")
-@click.option("--vocab-size", type=click.IntRange(min=MIN_VOCAB_SIZE, max=MAX_VOCAB_SIZE), default=None,
+@click.option("--vocab-size", type=WholeNumber(min=MIN_VOCAB_SIZE, max=MAX_VOCAB_SIZE), default=None,
               help="Ids are drawn below this (for seq2seq: the smaller vocabulary). [factory: 32; a run: its own]")
-@click.option("--max-length", type=click.IntRange(min=MIN_MAX_LENGTH), default=None,
+@click.option("--max-length", type=WholeNumber(min=MIN_MAX_LENGTH), default=None,
               help="Longest sequence the model accepts. [factory: 16; a run: its context]")
-@click.option("--seeds", type=click.IntRange(min=1), default=5, show_default=True, help="Random seeds per check.")
+@click.option("--seeds", type=WholeNumber(min=1), default=5, show_default=True, help="Random seeds per check.")
 @click.option("--no-empty-rows", is_flag=True, help="The model does not accept a row made only of padding.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, max_length: int | None, seeds: int,

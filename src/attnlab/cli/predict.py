@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import torch
 
-from attnlab.cli.params import PathParam, utf8_text
+from attnlab.cli.params import PathParam, WholeNumber, utf8_text
 from attnlab.errors import AttnlabError
 from attnlab.files import read_lines
 from attnlab.tasks.classify import load_classifier
@@ -18,7 +18,7 @@ from attnlab.tasks.tables import one_line
 @click.command("predict")
 @click.argument("run", type=PathParam(path_type=Path))
 @click.argument("texts", nargs=-1)
-@click.option("--top", "top", type=click.IntRange(min=1), default=3, show_default=True, help="Scores shown per text (best first).")
+@click.option("--top", "top", type=WholeNumber(min=1), default=3, show_default=True, help="Scores shown per text (best first).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per text (JSON lines).")
 def predict(run: Path, texts: tuple[str, ...], top: int, as_json: bool) -> None:
     """Predict the label of each TEXT with the classifier in RUN; with no TEXT, read one text a line from stdin.

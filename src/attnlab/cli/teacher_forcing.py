@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED
-from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads, progress_option
+from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads, WholeNumber, progress_option
 from attnlab.cli.translate import report_warnings
 from attnlab.tasks.translate import TranslateSettings
 
@@ -89,8 +89,8 @@ def _refuse_other_training_data(name: str, given: Path, run_config: dict, train:
 @click.option("--leaky", type=PathParam(path_type=Path), default=None, help="Use this trained leaky run.")
 @click.option("--max-seconds", type=FiniteFloat(min=0), default=300.0, show_default=True,
               help="Training budget of each model (0: none).")
-@click.option("--max-steps", type=click.IntRange(min=1), default=1_000_000, show_default=True)
-@click.option("--eval-every", type=click.IntRange(min=0), default=500, show_default=True,
+@click.option("--max-steps", type=WholeNumber(min=1), default=1_000_000, show_default=True)
+@click.option("--eval-every", type=WholeNumber(min=0), default=500, show_default=True,
               help="Validate every N steps (0: only at the end), and at the end.")
 @click.option("--vocab-size", type=BPE_VOCAB, default=TranslateSettings.vocab_size, show_default=True)
 @click.option("--seed", type=SEED, default=0, show_default=True, help="The seed of both models (the same weights to start).")

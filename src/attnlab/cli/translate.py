@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from attnlab.cli.params import FiniteFloat, PathParam, Threads, Utf8Text, progress_option
+from attnlab.cli.params import FiniteFloat, PathParam, Threads, Utf8Text, WholeNumber, progress_option
 from attnlab.errors import AttnlabError
 
 
@@ -42,11 +42,11 @@ def report_warnings() -> Iterator[None]:
 def decode_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The search options shared by ``translate``, ``eval translate`` and ``attention``."""
     for option in reversed([
-        click.option("--beam", "beam", type=click.IntRange(min=1), default=4, show_default=True, help="Beam size (1 = greedy search)."),
+        click.option("--beam", "beam", type=WholeNumber(min=1), default=4, show_default=True, help="Beam size (1 = greedy search)."),
         click.option("--length-penalty", type=FiniteFloat(0, 5), default=1.0, show_default=True,
                      help="GNMT alpha, 0 to 5: scores are log p / ((5 + len) / 6) ** alpha."),
         click.option("--max-len-a", type=FiniteFloat(min=0), default=1.5, show_default=True, help="At most a * source length + b tokens."),
-        click.option("--max-len-b", type=click.IntRange(min=0), default=10, show_default=True),
+        click.option("--max-len-b", type=WholeNumber(min=0), default=10, show_default=True),
         click.option("--threads", type=Threads(), default=None,
                      help="torch CPU threads (0 or unset: torch's choice)."),
     ]):
