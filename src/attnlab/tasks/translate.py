@@ -459,7 +459,7 @@ def train_translation(
                                        "settings": asdict(settings), "data": data_record})
     task = TranslationTask(train_pairs, valid_pairs, valid_sources, valid_ref, tgt_tok, settings, seed=config.seed)
     on_note(f"{len(train_pairs)} training pairs, {len(valid_pairs)} validation pairs; model {type(model).__name__} "
-        f"with {model.num_parameters():,} parameters")
+            f"with {model.num_parameters():,} parameters")
 
     def record() -> None:  # what the run now is, once its checkpoint has loaded: an interrupted lengthening goes on
         if main:  # with a plain --resume, and a resume that fails before changes nothing
