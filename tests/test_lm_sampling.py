@@ -140,6 +140,34 @@ def test_past_the_context_the_window_slides_as_documented(keep):
     assert len(list(generate(model, prompt, n, greedy=True, use_cache=False))) == n  # no failure without cache
 
 
+@pytest.mark.parametrize("caller_setting", [True, False])
+def test_one_position_float32_steps_run_without_onednn_and_the_callers_setting_is_kept(caller_setting):
+    """oneDNN's GELU costs a fixed 10-35 us a call, more than a cached step's whole GELU in torch's own kernel: it is
+    off for single positions only (float32 on the CPU), never turned on, and back as the caller had it after."""
+    model = tiny_lm()
+    seen: list[tuple[int, bool]] = []  # (positions fed, oneDNN enabled) for every forward pass
+    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(
+        (args[0].shape[1], torch.backends.mkldnn.enabled)), with_kwargs=True)
+    was = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = caller_setting
+    try:
+        tokens = generate(model, [1, 2, 3], 5, seed=0)
+        next(tokens)  # the prompt's pass, then a token: the caller runs between tokens
+        assert torch.backends.mkldnn.enabled is caller_setting
+        rest = list(tokens)
+        assert torch.backends.mkldnn.enabled is caller_setting
+        assert seen == [(3, caller_setting)] + [(1, False)] * 4
+        seen.clear()  # the whole window every step: never switched
+        assert len(list(generate(model, [1, 2, 3], 3, seed=0, use_cache=False))) == 3
+        assert seen == [(3, caller_setting), (4, caller_setting), (5, caller_setting)]
+        seen.clear()  # in bfloat16 the matrix products need oneDNN: left as it is
+        list(generate(model.to(torch.bfloat16), [1, 2, 3], 2, seed=0))
+        assert seen == [(3, caller_setting), (1, caller_setting)]
+    finally:
+        torch.backends.mkldnn.enabled = was
+    assert len(rest) == 4
+
+
 def test_generation_is_reproducible_with_a_seed():
     model = tiny_lm()
     a = list(generate(model, [1, 2], 30, seed=4, top_k=10))

@@ -428,9 +428,11 @@ class MultiHeadAttention(nn.Module):
         """Rows ``first`` to ``first + parts`` (in units of ``inner``) of the stacked projection applied
         to ``x``: (batch, seq, d_model) -> ``parts`` x (batch, heads, seq, head_dim)."""
         inner = self.num_heads * self.head_dim
-        rows = slice(first * inner, (first + parts) * inner)  # a view of the weights, no copy
-        bias = None if self.in_proj.bias is None else self.in_proj.bias[rows]
-        return tuple(map(self._split, F.linear(x, self.in_proj.weight[rows], bias).chunk(parts, dim=-1)))
+        weight, bias = self.in_proj.weight, self.in_proj.bias
+        if parts * inner != weight.shape[0]:  # some of the rows (cross-attention); all of them need no slicing
+            rows = slice(first * inner, (first + parts) * inner)  # a view of the weights, no copy
+            weight, bias = weight[rows], None if bias is None else bias[rows]
+        return tuple(map(self._split, F.linear(x, weight, bias).chunk(parts, dim=-1)))
 
     def _split(self, x: Tensor) -> Tensor:
         """(batch, seq, heads * head_dim) -> (batch, heads, seq, head_dim)."""

@@ -55,8 +55,13 @@ class _Residual(nn.Module):
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         if self.norm_first:
-            return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+            return x + self._dropout(sublayer(self.norm(x)))
+        return self.norm(x + self._dropout(sublayer(x)))
+
+    def _dropout(self, y: Tensor) -> Tensor:
+        # Outside training dropout passes y as it is; not calling the module then saves a few microseconds a
+        # sub-layer, 3-4% of a cached decoding step (issue 6).
+        return self.dropout(y) if self.training else y
 
 
 class EncoderLayer(nn.Module):

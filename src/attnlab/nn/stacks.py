@@ -150,7 +150,7 @@ class Embedder(nn.Module):
             raise AttnlabError(f"sequence reaches position {offset + ids.shape[1] - 1} but the model's context is "
                                f"{self.max_positions} positions (max_positions={self.max_positions}); truncate the "
                                "input or build the model with a longer context")
-        return self.dropout(x)
+        return self.dropout(x) if self.training else x  # (identity outside training: no module call)
 
 
 class _Stack(nn.Module):

@@ -20,6 +20,7 @@ than on every step. Without the cache the window is always the last ``max_positi
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator, Sequence
 
@@ -79,12 +80,13 @@ def next_token(
         return logits.argmax(dim=-1)
     check_sampling(temperature, top_k, top_p)
     logits = logits.float()
-    # Shift each row's largest logit to 0 before dividing: a tiny temperature then drives the others to -inf
-    # (the arg-max limit, ties shared) instead of overflowing to inf or dividing 0 by a temperature that
-    # rounds to 0 in float32, both of which end in NaN probabilities. Banned tokens (-inf) are left as they are:
-    # a temperature past float32's range is inf there, and -inf / inf is NaN.
-    shifted = logits - logits.amax(dim=-1, keepdim=True)
-    logits = torch.where((shifted == 0) | shifted.isinf(), shifted, shifted / temperature)
+    if temperature != 1.0:  # (1 leaves the probabilities as they are: six operations saved at every token)
+        # Shift each row's largest logit to 0 before dividing: a tiny temperature then drives the others to -inf
+        # (the arg-max limit, ties shared) instead of overflowing to inf or dividing 0 by a temperature that
+        # rounds to 0 in float32, both of which end in NaN probabilities. Banned tokens (-inf) are left as they
+        # are: a temperature past float32's range is inf there, and -inf / inf is NaN.
+        shifted = logits - logits.amax(dim=-1, keepdim=True)
+        logits = torch.where((shifted == 0) | shifted.isinf(), shifted, shifted / temperature)
     if top_k is not None:
         logits = top_k_filter(logits, top_k)
     if top_p is not None and top_p < 1.0:
@@ -136,6 +138,23 @@ def generate(
                    greedy=greedy, seed=seed, use_cache=use_cache, keep=keep, banned=banned)
 
 
+@contextlib.contextmanager
+def _without_onednn() -> Iterator[None]:
+    """torch's oneDNN kernels off inside, as they were after: for a float32 step of one position on the CPU.
+
+    There torch sends the exact GELU to oneDNN, which costs 10-35 us a call whatever the size, where torch's own
+    kernel takes 2 us for the 512 numbers of the ``nanogpt-cpu`` model; oneDNN is the faster only from about 32
+    positions. The step's other float32 kernels (matrix products, attention, layer norms) took the same time either
+    way; in bfloat16 the matrix products go through oneDNN too, so it stays on there (issue 6).
+    """
+    was = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = was
+
+
 @torch.inference_mode()
 def _tokens(model: DecoderLM, context: list[int], max_new_tokens: int, *, temperature: float, top_k: int | None,
             top_p: float | None, greedy: bool, seed: int | None, use_cache: bool, keep: int,
@@ -149,10 +168,12 @@ def _tokens(model: DecoderLM, context: list[int], max_new_tokens: int, *, temper
     else:
         generator.manual_seed(seed)
     ban = torch.tensor(list(banned), dtype=torch.long, device=device)
+    float32_cpu = device.type == "cpu" and next(model.parameters()).dtype == torch.float32
 
     def run(ids: Sequence[int], caches: list | None) -> Tensor:
         x = torch.tensor([list(ids)], dtype=torch.long, device=device)
-        return model(x, caches=caches)[:, -1].float()  # (1, vocab): logits of the next token
+        with _without_onednn() if float32_cpu and len(ids) == 1 else contextlib.nullcontext():
+            return model(x, caches=caches)[:, -1].float()  # (1, vocab): logits of the next token
 
     caches = model.new_caches() if use_cache else None
     logits = run(context[-span:], caches)
