@@ -2,6 +2,7 @@
 
 import click
 import pytest
+import torch
 from click.testing import CliRunner
 
 from attnlab.cli.main import cli
@@ -36,6 +37,19 @@ def test_a_whole_number_option_given_no_number_says_it_wants_an_integer():
     assert refused.stderr.splitlines()[-1].startswith("error: Invalid value for '--steps': 'abc' is not a valid integer.")
     assert "--steps INTEGER" in CliRunner().invoke(cli, ["train", "lm", "--help"]).stdout
     assert "INTEGER RANGE" not in CliRunner().invoke(cli, ["train", "lm", "--help"]).stdout
+
+
+def test_every_seed_option_stops_where_torch_stops_telling_seeds_apart():
+    first = torch.Generator().manual_seed(0)
+    wrapped = torch.Generator().manual_seed(2**32)  # the reason: the CPU generator keeps the seed's low 32 bits
+    assert torch.equal(torch.rand(8, generator=first), torch.rand(8, generator=wrapped))
+    seeds = [(name, p.type) for name, p in all_params() if p.name == "seed"]
+    assert len(seeds) >= 5  # train lm / classify / translate, generate, probe, experiment teacher-forcing
+    assert [name for name, kind in seeds if (kind.min, kind.max) != (0, 2**32 - 1)] == []
+    refused = CliRunner().invoke(cli, ["generate", "run", "--prompt", "a", "--seed", str(2**32)])
+    assert refused.exit_code == 2
+    assert refused.stderr.splitlines()[-1] == (
+        "error: Invalid value for '--seed': 4294967296 is not in the range 0<=x<=4294967295. (see 'cli generate --help')")
 
 
 def test_every_float_option_refuses_nan_and_infinity():

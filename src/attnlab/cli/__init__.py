@@ -2,5 +2,6 @@
 
 from attnlab.cli.params import WholeNumber
 
-#: Every ``--seed``: torch's generators take unsigned 64-bit seeds, and a larger number would end in a traceback.
-SEED = WholeNumber(0, 2**63 - 1)
+#: Every ``--seed``. torch's CPU generator (a Mersenne Twister) keeps only the low 32 bits of a seed, so 2**32
+#: would give the very numbers of 0: the range stops where seeds stop being told apart.
+SEED = WholeNumber(0, 2**32 - 1)

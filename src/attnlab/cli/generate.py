@@ -30,7 +30,7 @@ from attnlab.training.engine import torch_threads
 @click.option("--top-p", type=FiniteFloat(0, 1, min_open=True), default=None, help="Sample among the most likely tokens holding P of the mass.")
 @click.option("--seed", type=SEED, default=None, help="Seed of the sampling; the same seed gives the same text.")
 @click.option("--num-samples", type=WholeNumber(min=1), default=1, show_default=True,
-              help="Samples to write, one after another with a separator line; sample i uses seed S + i.")
+              help="Samples to write, one after another with a separator line; sample i uses seed S + i (modulo 2**32).")
 @click.option("--stop", "stops", multiple=True, metavar="TEXT", type=Utf8Text(),
               help="Stop a sample once its generated text contains TEXT (printed with it; may be repeated).")
 @click.option("--greedy", is_flag=True, help="Always take the most likely token (ignores temperature, top-k, top-p).")
@@ -87,7 +87,7 @@ def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float
             if sample:
                 click.echo(SEPARATOR)
             _generate(model, tokenizer, prompt, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                      top_p=top_p, seed=None if seed is None else seed + sample, greedy=greedy, use_cache=not no_cache,
+                      top_p=top_p, seed=None if seed is None else (seed + sample) % 2**32, greedy=greedy, use_cache=not no_cache,
                       stops=stops)
 
 

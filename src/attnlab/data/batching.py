@@ -44,7 +44,7 @@ def bucketed_batches(
     """
     if (batch_size is None) == (max_tokens is None):
         raise ValueError("give exactly one of batch_size and max_tokens")
-    g = torch.Generator().manual_seed((seed * 100_003 + epoch) % 2**64)  # (torch takes 64 bits; seeds go to 2**63)
+    g = torch.Generator().manual_seed((seed * 100_003 + epoch) % 2**64)  # (torch takes 64 bits, of which its CPU generator reads 32)
     order = torch.randperm(len(lengths), generator=g).tolist()
     per_bucket = (batch_size or max(1, max_tokens // max(1, max(lengths, default=1)))) * bucket_factor
     batches: list[list[int]] = []
