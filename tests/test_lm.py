@@ -787,6 +787,11 @@ def test_the_steady_rate_leaves_out_the_first_window_of_every_start(tmp_path):
                                                 "run's 2 starts")
     metrics.write_text(json.dumps(records[0]) + "\n")
     assert steady_rate(metrics, 1.0) == (50.0, "the only logged window, start-up and compilation included")
+    # Three starts (two resumes) that each logged only their first window: all three count, not the first start's.
+    firsts = [{"step": 10 * i, "tokens_per_second": rate, "first_window": True} for i, rate in enumerate((50, 80, 90))]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in firsts))
+    assert steady_rate(metrics, 1.0) == (80.0, "median of the 3 logged windows, each the first of a start (start-up "
+                                               "and compilation included)")
     assert steady_rate(tmp_path / "none.jsonl", 7.0) == (7.0, "no window logged: the overall rate")
 
 

@@ -233,6 +233,10 @@ def steady_rate(metrics_path: Path, overall: float) -> tuple[float, str]:
         return statistics.median(steady), f"median of the {len(steady)} logged windows {after}"
     if steady:
         return steady[0], f"the one logged window {after}"
+    if len(windows) > 1:  # every one the first of its start (a resumed run's: not the first start's alone)
+        return (statistics.median(rate for rate, _ in windows),
+                f"median of the {len(windows)} logged windows, each the first of a start (start-up and compilation "
+                "included)")
     if windows:
         return windows[0][0], "the only logged window, start-up and compilation included"
     return overall, "no window logged: the overall rate"
