@@ -1001,6 +1001,27 @@ def test_the_peak_of_processes_trained_together_is_their_rates_timed_at_once_and
     assert "in this process" in peak.peak_basis("cpu", torch.float32, 1)
 
 
+def test_a_bfloat16_run_is_measured_against_float32_too_where_that_is_the_faster(monkeypatch):
+    import attnlab.training.peak as peak
+
+    timed = []
+    def rates(slow_bf16):
+        def measure(device, dtype, place):
+            timed.append(dtype)
+            return {torch.bfloat16: 0.8e9 if slow_bf16 else 400e9, torch.float32: 100e9}[dtype]
+        return measure
+
+    monkeypatch.setattr(peak, "measure_peak_matmul", rates(slow_bf16=True))  # bfloat16 emulated (Zen 3)
+    rate, basis = peak.machine_peak("cpu", torch.bfloat16)
+    assert rate == 100e9 and "1024x1024 float32 matmuls on the CPU" in basis
+    assert basis.endswith("(faster than the bfloat16 products training computes in: 0.8 GFLOP/s)")
+    monkeypatch.setattr(peak, "measure_peak_matmul", rates(slow_bf16=False))  # bfloat16 units
+    rate, basis = peak.machine_peak("cpu", torch.bfloat16)
+    assert rate == 400e9 and "1024x1024 bfloat16 matmuls on the CPU" in basis and "faster" not in basis
+    timed.clear()
+    assert peak.machine_peak("cpu", torch.float32)[0] == 100e9 and timed == [torch.float32]  # timed once
+
+
 def test_timing_the_peak_leaves_the_training_random_streams_alone_and_stops_after_its_budget(monkeypatch):
     import attnlab.training.peak as peak
 
@@ -1019,6 +1040,8 @@ def test_the_fast_preset_asks_the_training_device_for_bfloat16_and_saves_the_ans
 
     asked = []
     monkeypatch.setattr(lm_train, "has_fast_bf16", lambda device: asked.append(device) or fast)
+    rates = {torch.bfloat16: 4e11, torch.float32: 1e11}  # as on a CPU with bfloat16 units (this one may have none)
+    monkeypatch.setattr("attnlab.training.peak.measure_peak_matmul", lambda device, dtype, place: rates[dtype])
     text = tmp_path / "fox.txt"
     text.write_text(TEXT, encoding="utf-8")
     tiny = [*TINY[:TINY.index("--steps")], "--steps", "2", *TINY[TINY.index("--steps") + 2:]]

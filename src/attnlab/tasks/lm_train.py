@@ -70,7 +70,7 @@ from attnlab.training.engine import (
     torch_threads,
     train_or_forget,
 )
-from attnlab.training.peak import measure_peak_matmul, peak_basis
+from attnlab.training.peak import machine_peak
 from attnlab.training.schedules import length_changed
 
 
@@ -418,11 +418,11 @@ def train_language_model(
             if main:  # --resume, and a resume that fails before changes nothing
                 write_run_config(out, run_config)
 
-        # The peak, in the precision training computes in, by every process at once (see measure_peak_matmul);
-        # before training, while the processes are joined, and left out of the wall time.
+        # The peak, in the precision training computes in (see machine_peak), by every process at once
+        # (see measure_peak_matmul); before training, while the processes are joined, and left out of the wall time.
         peak_started = time.perf_counter()
         dtype = torch.bfloat16 if settings.bf16 else torch.float32
-        peak = measure_peak_matmul(place.device, dtype, place) if measure_peak else 0.0
+        peak, peak_words = machine_peak(place.device, dtype, place) if measure_peak else (0.0, "")
         peak_seconds = time.perf_counter() - peak_started
         result = train_or_forget(model, task, config, out, resume=resume, existed=existed,
                                  task_files=[TOKENIZER], on_resumed=record)
@@ -440,7 +440,7 @@ def train_language_model(
             flops_per_token=flops_per_token(model, settings.context), steps=result.steps,
             tokens=result.tokens, parameters=model.num_parameters(),
             settings=asdict(settings), peak_flops=peak,
-            peak_basis=peak_basis(place.device, dtype, place.world) if measure_peak else "",
+            peak_basis=peak_words,
             resumed=resume,
         )
         if main:
