@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -275,6 +276,13 @@ def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):
                                (empty, run[0], "already holds a run")):
         result = invoke("train", "lm", "--text", path, "--out", out, "--no-progress")
         assert result.exit_code == 2 and result.stderr.count("\n") == 1 and message in result.stderr
+    pipe = tmp_path / "pipe"  # a pipe or a device exists, but cannot be read twice (training, the fingerprint)
+    os.mkfifo(pipe)
+    for path, kind in ((pipe, "a pipe"), (Path("/dev/null"), "a device")):
+        result = invoke("train", "lm", "--text", path, "--out", tmp_path / "r", "--no-progress")
+        assert result.exit_code == 2 and result.stderr == (
+            f"error: {path} is {kind}, not a text file: the run reads its text twice (to train, and to fingerprint "
+            "it for --resume); save it to a file first\n")
     folder = tmp_path / "folder"  # the text in the run folder, under a name the run writes: it would be replaced
     (folder / "checkpoint").mkdir(parents=True)
     for inside in (folder / "metrics.jsonl", folder / "result.json", folder / "checkpoint" / "t.txt"):

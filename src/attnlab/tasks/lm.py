@@ -61,8 +61,13 @@ def read_text(path: str | Path, *, keep_bom: bool = False) -> str:
     path = Path(path)
     if path.is_dir():
         raise AttnlabError(f"{path} is a folder, not a text file")
-    if not path.is_file():
+    if not path.exists():
         raise AttnlabError(f"no text file {path}")
+    if not path.is_file():  # a pipe (<(...), /dev/stdin) or a device: the run reads its text more than once
+        kind = "a pipe" if path.is_fifo() else "a device" if path.is_char_device() or path.is_block_device() else (
+            "not a regular file")
+        raise AttnlabError(f"{path} is {kind}, not a text file: the run reads its text twice (to train, and to "
+                           "fingerprint it for --resume); save it to a file first")
     text = decode_utf8(path.read_bytes(), path, bom=not keep_bom)
     if not text:
         raise AttnlabError(f"{path} is empty")
