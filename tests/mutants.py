@@ -40,6 +40,8 @@ TINY_BUGS = (
     "leak_past_short",        # one long-range leak: position 11 also reads position 12
     "padding_mask_batches_only",    # padding mask skipped for a batch of one: one request served padded reads it
     "look_ahead_dropped_with_padding",  # `mask = padding if the batch holds any else look-ahead`: training leaks
+    "positions_from_end",     # position ids counted from the row's end: every output knows how many tokens follow
+    "positions_only",         # `x = positions(...)` for `x += positions(...)`: the tokens are never read
 )
 
 #: Bugs of :class:`TinySeq2Seq`.
@@ -115,8 +117,13 @@ class Embed(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:
         """(B, S) -> (B, S, WIDTH)."""
         x = self.tokens(ids)
-        if self.bug != "no_positions":
-            x = x + self.positions(torch.arange(ids.shape[1]))
+        where = torch.arange(ids.shape[1])
+        if self.bug == "positions_from_end":
+            where = where.flip(0)
+        if self.bug == "positions_only":
+            x = self.positions(where).expand_as(x)
+        elif self.bug != "no_positions":
+            x = x + self.positions(where)
         if self.bug == "batch_stats":  # batch-norm-like: statistics over every row and position
             x = (x - x.mean(dim=(0, 1), keepdim=True)) / (x.std(dim=(0, 1), keepdim=True) + 1e-5)
         return x

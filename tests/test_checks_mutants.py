@@ -40,6 +40,8 @@ MUTANTS = [
     ("padding_mask_batches_only", "encoder:mean-pooled", "padding-invariance"),
     ("cross_mask_batches_only", "seq2seq", "padding-invariance"),
     ("look_ahead_dropped_with_padding", "decoder", "causal"),  # seen by the right-padded cuts only
+    ("positions_from_end", "decoder", "causal"),             # seen by the row against its first tokens alone only
+    ("positions_only", "encoder", "order-sensitivity"),      # outputs neither permuted nor changed: unchanged
 ]
 
 #: Mutants whose bug shows as an exception on valid inputs rather than as wrong numbers.

@@ -10,6 +10,9 @@ Inputs per seed, each row changed at every position after its cut and compared o
 * a batch of ``T - 1`` unpadded rows of width ``T`` (2..8), row ``r`` cut after ``r``: every cut of a short
   row, the cut after position 0 included;
 * one row alone (a batch of one), cut at random: a mask built for batches only must not pass;
+* one row against its first tokens alone, cut at random (the future absent, as when generating): outputs at
+  positions <= t that depend on how many tokens follow (positions counted from the end, a scale by the length)
+  must not pass, though changing the later tokens never moves them;
 * with a pad id, the short rows again in a right-padded batch (row ``r`` real up to position ``r + 1``, the
   one changed, and padded after it): a model that uses its padding mask instead of, not with, the look-ahead
   mask when a batch holds padding must not pass;
@@ -120,6 +123,27 @@ def _cut_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int, 
     return None
 
 
+def _alone_trial(mut: ModelUnderTest, gen: torch.Generator, seed: int, done: int, width: int,
+                 tally: Tally) -> CheckResult | None:
+    """One row of ``width`` against its tokens up to a random cut run alone; a failure, or None."""
+    ids, src = random_tokens(gen, mut.contract, 1, width), random_source(gen, mut.contract, 1)
+    r = randint(gen, 0, width - 2)
+    whole, alone = mut.outputs(ids, src), mut.outputs(ids[:, : r + 1], src)
+    diff = mut.compare(whole[0, : r + 1], alone[0])
+    if not tally.judge(diff) or diff.same:
+        return None
+    side = "target " if src is not None else ""
+    evidence = {"seed": seed, "cut": r, "input": ids[0], "alone": True, "positions": [p[0] for p in diff.positions],
+                "max_diff": diff.max_diff, "bound": diff.bound}
+    if src is not None:
+        evidence["source"] = src[0]
+    summary = (f"seed {seed}: the {side}row {shown(ids[0])} and its first {r + 1} token(s) alone gave different "
+               f"outputs at position(s) {shown(evidence['positions'])} by up to {diff}: the outputs depend on how "
+               "many tokens follow (positions counted from the end? a scale by the length?), which they cannot "
+               "when generating, as the later tokens do not exist yet")
+    return CheckResult(NAME, "fail", summary, TOLERANCE.describe(), done, evidence)
+
+
 def _long_cuts(gen: torch.Generator, longest: int, first: bool) -> list[int]:
     """The cuts of the longest rows for one seed (see the module docstring)."""
     if first and longest <= ALL_CUTS_UP_TO:
@@ -159,6 +183,8 @@ def check_causal(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
                             reaction=reaction)
         if failed is None:
             failed = _cut_trial(mut, gen, seed, done, width, [randint(gen, 0, width - 2)], tally, reaction=reaction)
+        if failed is None:  # on a stream of its own, as the padded rows' below
+            failed = _alone_trial(mut, generator(NAME + " alone", seed), seed, done, width, tally)
         if failed is None and contract.pad_id is not None:  # on a stream of its own: the other trials draw as before
             failed = _cut_trial(mut, generator(NAME + " padded", seed), seed, done, width, list(range(width - 1)),
                                 tally, padded=True)
@@ -185,7 +211,7 @@ def check_causal(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
                         train_mode, untrained = False, " (eval mode only: train mode is not repeatable from torch's seed)"
         if failed is not None:
             return failed
-    verdict = tally.verdict(NAME, tol, len(seeds), "no output moved when later tokens changed" + untrained)
+    verdict = tally.verdict(NAME, tol, len(seeds), "no output moved when later tokens changed or were left out" + untrained)
     if verdict.status == "pass" and not reaction.moved:
         return CheckResult(NAME, "note", f"inconclusive: the outputs hardly react to any token (after the changed "
                            f"tokens too: by up to {reaction.largest:.2g}, within the bound {reaction.bound:.2g}), so a "

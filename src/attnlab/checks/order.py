@@ -4,7 +4,8 @@ Attention alone is blind to order (seed 004's shuffle test): without positions a
 are only permuted along with its inputs, and a pooled output does not move at all. Per seed, on one
 unpadded row of 3..8 tokens, all different where the vocabulary allows:
 
-* encoder, per-position outputs: fail when ``out(x[p]) == out(x)[p]`` (outputs only permuted);
+* encoder, per-position outputs: fail when ``out(x[p]) == out(x)[p]`` (outputs only permuted) or when
+  ``out(x[p]) == out(x)`` (outputs unchanged: positions alone make them, the tokens are never read);
 * encoder, pooled output: fail when ``out(x[p]) == out(x)``;
 * decoder: the last position sees every token; reorder the ones before it and fail when the last
   output does not move (one causal layer without positions sees only the set of earlier tokens there;
@@ -64,6 +65,9 @@ def check_order_sensitivity(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckR
                 what = ("the output is the same at every position and did not change" if constant
                         else "outputs were only permuted with the tokens")
                 trials.append((what, x, x[perm], out[0][perm], out_p[0], {}))
+                trials.append(("the outputs did not change at all (are the tokens read? the position embedding "
+                               "replacing the token embedding instead of being added to it?)", x, x[perm], out[0],
+                               out_p[0], {}))
             else:
                 trials.append(("the pooled output did not change", x, x[perm], out[0], out_p[0], {}))
         elif contract.kind == "decoder":
