@@ -1246,6 +1246,22 @@ def test_attnlabs_own_models_are_padded_with_their_own_pad_id(tmp_path):
     assert "warning: PadIdWarning: the model hides pad id 1 but the checks pad with 0" in told.stderr
 
 
+def test_attnlabs_own_models_without_a_pad_id_are_checked_without_padding_and_none_against_one_is_warned(tmp_path):
+    """A DecoderLM built without pad_id was padded with the factory default 0; one built with pad_id=0 and checked
+    with --pad-id none failed kv-cache (its real tokens held the pad id, which cached decoding refuses) unwarned."""
+    (tmp_path / "own.py").write_text(
+        "import torch\n"
+        "from attnlab.nn import DecoderLM\n"
+        "def bare():\n    torch.manual_seed(0)\n    return DecoderLM(32, 32, 2, 2, max_positions=64).eval()\n"
+        "def padded():\n    torch.manual_seed(0)\n    return DecoderLM(32, 32, 2, 2, max_positions=64, pad_id=0).eval()\n")
+    bare = invoke(f"{tmp_path / 'own.py'}:bare", "--kind", "decoder", "--seeds", 1, "--json")
+    assert bare.exit_code == 0 and json.loads(bare.stdout)["contract"]["pad_id"] is None, bare.output
+    told = CliRunner().invoke(cli, ["check", f"{tmp_path / 'own.py'}:padded", "--kind", "decoder", "--seeds", "1",
+                                    "--pad-id", "none"])
+    assert ("warning: PadIdWarning: the model hides pad id 0 but the checks pad with none (the contract's pad_id, "
+            "--pad-id): they draw 0 as a real token, which the model hides as padding; give pad id 0") in told.stderr
+
+
 def test_a_failed_comparison_of_a_half_precision_output_says_rounding_may_be_the_cause():
     """A correct bfloat16 model failed padding-invariance by 0.0156, and the message blamed its masks alone. The
     note goes only with a difference of rounding's size: a leak far larger, or a failure that is no difference,

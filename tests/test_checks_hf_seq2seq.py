@@ -243,8 +243,10 @@ def test_the_cli_pads_with_the_adapters_pad_id_unless_told_otherwise_and_then_sa
     told = CliRunner().invoke(cli, ["check", *spec, "--pad-id", "0"])  # as asked, with a warning that names both
     assert json.loads(told.stdout)["contract"]["pad_id"] == 0
     assert "warning: PadIdWarning: the adapter hides pad id 1 but the checks pad with 0" in told.stderr
-    unpadded = CliRunner().invoke(cli, ["check", *spec, "--pad-id", "none"])  # no padding asked for: no warning
-    assert json.loads(unpadded.stdout)["contract"]["pad_id"] is None and "warning" not in unpadded.stderr
+    unpadded = CliRunner().invoke(cli, ["check", *spec, "--pad-id", "none"])  # no padding: 1 is drawn as a token
+    assert json.loads(unpadded.stdout)["contract"]["pad_id"] is None
+    assert ("warning: PadIdWarning: the adapter hides pad id 1 but the checks pad with none (the contract's pad_id, "
+            "--pad-id): they draw 1 as a real token, which the model hides as padding; give pad id 1") in unpadded.stderr
     outside = CliRunner().invoke(cli, ["check", f"{tmp_path / 'factories.py'}:far", "--kind", "seq2seq"])
     assert outside.exit_code == 2 and outside.stderr == (
         "error: the adapter's pad id 40 is outside the vocabulary 0..31 the checks draw ids from: give --vocab-size "
@@ -255,7 +257,8 @@ def test_python_callers_are_warned_when_the_contract_pads_with_another_id_than_t
     bart = HFSeq2SeqAdapter(tiny_bart(), pad_id=BART_PAD)
     with pytest.warns(PadIdWarning, match="the adapter hides pad id 1 but the checks pad with 0"):
         check(bart, pad_id=0, seeds=1, only=["padding-invariance"])
+    with pytest.warns(PadIdWarning, match="the adapter hides pad id 1 but the checks pad with none"):
+        check(bart, pad_id=None, seeds=1, only=["padding-invariance"])  # 1 drawn as a real token
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the same id, or no padding at all: nothing to say
+        warnings.simplefilter("error")  # the same id: nothing to say
         check(bart, pad_id=BART_PAD, seeds=1, only=["padding-invariance"])
-        check(bart, pad_id=None, seeds=1, only=["padding-invariance"])

@@ -151,13 +151,18 @@ class PadIdWarning(UserWarning):
     """An adapter (or one of attnlab's models) hides one pad id while the checks pad with another."""
 
 
+def is_attnlab_model(model: Any) -> bool:
+    """Whether ``model`` is one of attnlab's own models, whose ``pad_id`` (None included) is the one it hides."""
+    from attnlab.nn.models import DecoderLM, EncoderClassifier, Transformer
+
+    return isinstance(model, DecoderLM | EncoderClassifier | Transformer)
+
+
 def hidden_pad_id(model: Any) -> int | None:
     """The pad id ``model`` hides when it is one of these adapters or one of attnlab's models (their ``pad_id``);
     None for one that hides none (a decoder built without ``pad_id``), and for any other model, whose pad id only
     the user knows (``--pad-id``)."""
-    from attnlab.nn.models import DecoderLM, EncoderClassifier, Transformer
-
-    owns = isinstance(model, HFAdapter | HFSeq2SeqAdapter | DecoderLM | EncoderClassifier | Transformer)
+    owns = isinstance(model, HFAdapter | HFSeq2SeqAdapter) or is_attnlab_model(model)
     return model.pad_id if owns else None
 
 
@@ -169,10 +174,17 @@ def pad_id_holder(model: Any) -> str:
 def warn_other_pad_id(model: Any, pad_id: int | None) -> None:
     """Warn when ``model`` is an adapter (or one of attnlab's models, see :func:`hidden_pad_id`) that hides a pad id
     other than ``pad_id``, the one the checks pad with: its padding checks would then judge a model that is never
-    told where that padding is. (A model with no pad id, or checks without padding, is no mismatch: a forgotten
-    mask is what the padding checks catch.)"""
+    told where that padding is; or, with checks that pad with nothing (``pad_id`` None), whose real tokens may be
+    the id the model hides as padding (attnlab's own decoders refuse it in cached decoding). (A model with no pad
+    id is no mismatch: a forgotten mask is what the padding checks catch.)"""
     hidden = hidden_pad_id(model)
-    if hidden is not None and pad_id is not None and hidden != pad_id:
+    if hidden is None or hidden == pad_id:
+        return
+    if pad_id is None:
+        warnings.warn(f"{pad_id_holder(model)} hides pad id {hidden} but the checks pad with none (the contract's pad_id, "
+                      f"--pad-id): they draw {hidden} as a real token, which the model hides as padding; give "
+                      f"pad id {hidden}", PadIdWarning, stacklevel=3)
+    else:
         warnings.warn(f"{pad_id_holder(model)} hides pad id {hidden} but the checks pad with {pad_id} (the contract's pad_id, "
                       "--pad-id): the padding checks judge a model that is not told where that padding is",
                       PadIdWarning, stacklevel=3)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from attnlab.checks.adapters import hidden_pad_id, pad_id_holder
+from attnlab.checks.adapters import hidden_pad_id, is_attnlab_model, pad_id_holder
 from attnlab.checks.contract import KINDS, MAX_VOCAB_SIZE, MIN_MAX_LENGTH, MIN_VOCAB_SIZE, Contract
 from attnlab.checks.loading import load_model
 from attnlab.checks.runner import run_checks
@@ -163,6 +163,8 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
                         raise AttnlabError(f"{pad_id_holder(model)}'s pad id {hidden} is outside the vocabulary 0..{vocab_size - 1} "
                                            f"the checks draw ids from: give --vocab-size above {hidden}, or --pad-id")
                     contract = replace(contract, pad_id=hidden)
+            elif hidden is None and is_attnlab_model(model) and not pad_given:  # built to take no padding
+                contract = replace(contract, pad_id=None)
             report = run_checks(model, contract, seeds=seeds, spec=spec)
     if as_json:
         click.echo(json.dumps(report.as_dict(), allow_nan=False))
