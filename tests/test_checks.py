@@ -258,6 +258,12 @@ def test_an_exception_names_the_input_that_raised_it():
     (lambda ids: torch.polar(torch.ones(*ids.shape, 4), ids[..., None].float()),  # the imaginary part was dropped
      r"the output is complex \(torch.complex64\); the checks compare real numbers"),
     (lambda ids: torch.zeros(*ids.shape, 0), r"the output has shape \(2, 2, 0\): it holds no values"),  # passed all
+    # A [CLS] put in front inside the model: it failed two checks as a "pooled" output, with a message that said
+    # the position axis may change while showing only that axis changing.
+    (lambda ids: torch.cat((torch.zeros(ids.shape[0], 1), ids.float()), 1)[..., None].expand(-1, -1, 4),
+     r"the output has 1 position\(s\) more than the input \(shapes \(2, 3, 4\), \(2, 4, 4\) for inputs of 2 and 3 "
+     r"positions\): a token added inside the model \(a \[CLS\] in front\?\)"),
+    (lambda ids: ids[:, 1:].float(), r"the output has 1 position\(s\) fewer than the input"),
 ])
 def test_an_output_no_check_can_use_is_one_error_not_a_failure_in_every_check(model, message):
     with pytest.raises(AttnlabError, match=message):
@@ -268,6 +274,10 @@ def test_an_output_no_check_can_use_is_one_error_not_a_failure_in_every_check(mo
     # (batch, seq, seq): the last axis follows the width, so a row alone and padded cannot be compared
     (lambda ids: (ids + torch.arange(ids.shape[1])).float()[..., None].expand(-1, -1, ids.shape[1]),
      "one row's outputs have shapes"),
+    # (batch, 2 x width + 1): taken as pooled, whose size may not change (the message said the position axis may)
+    (lambda ids: torch.cat((ids, ids, ids[:, :1]), 1).float() * torch.arange(2 * ids.shape[1] + 1),
+     r"one row's outputs have shapes \(\d+,\) and \(\d+,\) in two calls; the output does not follow the input's "
+     r"length, so it is taken as pooled"),
 ])
 def test_an_output_the_checks_cannot_use_is_reported_as_such_not_as_a_model_exception(model, message):
     report = run_checks(model, Contract("encoder"), seeds=1)

@@ -226,6 +226,16 @@ class ModelUnderTest:
                     out = self(ids)
                 self.layout_shapes.append(tuple(out.shape))
                 follows.append(out.dim() >= 2 and out.shape[1] == length)
+            offsets = {shape[1] - length for shape, length in zip(self.layout_shapes, (2, 3)) if len(shape) >= 2}
+            if len(self.layout_shapes) == 2 and all(len(shape) >= 2 for shape in self.layout_shapes) and (
+                    len(offsets) == 1 and 0 not in offsets and not (sources and all(sources))):
+                offset = offsets.pop()
+                raise OutputError(f"the output has {abs(offset)} position(s) {'more' if offset > 0 else 'fewer'} "
+                                  f"than the input (shapes {', '.join(map(str, self.layout_shapes))} for "
+                                  f"{'targets' if sources else 'inputs'} of 2 and 3 positions): a token added inside "
+                                  "the model (a [CLS] in front?) or positions dropped; the checks compare outputs "
+                                  "position by position with the input: return one output per input position, or a "
+                                  "pooled output (batch, features)")
             if sources and all(sources):
                 raise OutputError(f"the output follows the source's length, not the target's (shapes "
                                   f"{', '.join(map(str, self.layout_shapes))} for sources of 3 and 2 positions, "
@@ -242,7 +252,9 @@ class ModelUnderTest:
         """:func:`~attnlab.checks.compare.difference` of two of one row's outputs, positions named if any."""
         if a.shape != b.shape:
             raise OutputError(f"one row's outputs have shapes {tuple(a.shape)} and {tuple(b.shape)} in two calls; "
-                              f"only the batch and position axes may change with the input")
+                              + ("only the batch and position axes may change with the input" if self.per_position
+                                 else "the output does not follow the input's length, so it is taken as pooled, "
+                                 "(batch, features), whose size may not change with the input"))
         return difference(a, b, position_dims=1 if self.per_position else 0, tolerance=tolerance)
 
 
