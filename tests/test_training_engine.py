@@ -669,3 +669,30 @@ def test_a_new_runs_first_files_go_again_when_it_stops_before_its_config(tmp_pat
     with pytest.raises(KeyboardInterrupt), first_files(out, writer=False):  # another rank deletes nothing
         raise KeyboardInterrupt
     assert (out / "tokenizer.json").exists()
+
+
+def test_a_run_without_kept_weights_is_told_what_to_do_by_its_state_and_kind(tmp_path, held_elsewhere):
+    """The hint told a run still training that it had stopped (and to resume it, which its lock then refused), and a
+    leak experiment's run to go on with --resume, which no command does for it."""
+    model = DecoderLM(vocab_size=11, d_model=8, num_layers=1, num_heads=2, max_positions=8)
+
+    def said(task, *, checkpoint=False):
+        run = tmp_path / task / str(checkpoint)
+        write_run_config(run, {"task": task, "model": model_config(model)})
+        if checkpoint:
+            save_checkpoint(run, model, torch.optim.AdamW(model.parameters()), {"step": 1})
+        with pytest.raises(AttnlabError) as caught:
+            load_weights(model, run / "model.safetensors")
+        return str(caught.value).removeprefix(f"no weights file {run / 'model.safetensors'} "), run
+
+    assert said("lm")[0] == "(the run stopped before its first checkpoint: attnlab train lm --resume)"
+    assert said("translate", checkpoint=True)[0] == (
+        "(the run has not evaluated yet: its kept weights are written at its first evaluation; attnlab train "
+        "translate --resume)")
+    assert said("lm-leak")[0] == ("(the run stopped before its first checkpoint: make it again (--resume continues "
+                                  "runs of attnlab train only))")
+    _, run = said("classify")
+    held_elsewhere(run)  # training there now
+    with pytest.raises(AttnlabError, match=r"\(the run is still training: its kept weights are written at its first "
+                                           r"evaluation; wait for it\)$"):
+        load_weights(model, run / "model.safetensors")

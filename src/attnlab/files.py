@@ -445,6 +445,25 @@ def holding_run_folder(folder: str | Path, *, writer: bool = True) -> Iterator[N
                 os.close(held[0])  # closing the descriptor lets the lock go
 
 
+def folder_in_use(folder: str | Path) -> bool:
+    """Whether another process holds ``folder``'s lock (:func:`holding_run_folder`): a training writes into it."""
+    if fcntl is None or os.path.realpath(folder) in _HELD:
+        return False
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return False
+    try:  # a shared lock is refused while an exclusive one is held, and goes when the descriptor closes
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # a folder that cannot be locked at all (see _lock_folder)
+        return False
+    finally:
+        os.close(fd)
+    return False
+
+
 def _lock_if_held(folder: str | Path) -> None:
     """Lock a folder this process holds (:func:`holding_run_folder`) and has not locked yet, if it exists."""
     key = os.path.realpath(folder)

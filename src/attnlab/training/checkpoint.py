@@ -36,6 +36,7 @@ from attnlab.errors import AttnlabError
 from attnlab.files import (
     atomic_dir,
     atomic_path,
+    folder_in_use,
     recover_dir,
     refuse_non_folder,
     refuse_unwritable,
@@ -180,14 +181,33 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     _load_into(unwrap(model), Path(path))
 
 
+#: The run kinds ``attnlab train KIND --resume`` continues (the leak experiment's runs are made again instead).
+RESUMABLE = ("lm", "classify", "translate")
+
+
+def _missing_weights_hint(run: Path) -> str:
+    """Why a run folder holds no kept weights yet, and what to do, for the error that says so."""
+    if folder_in_use(run):
+        return " (the run is still training: its kept weights are written at its first evaluation; wait for it)"
+    try:
+        task = json.loads((run / CONFIG).read_text(encoding="utf-8")).get("task")
+    except (OSError, ValueError, AttributeError):  # (its own error comes when the run is read as a run)
+        task = None
+    if task in RESUMABLE:
+        go_on = f"attnlab train {task} --resume"
+    else:
+        go_on = "make it again (--resume continues runs of attnlab train only)"
+    if has_checkpoint(run):
+        return f" (the run has not evaluated yet: its kept weights are written at its first evaluation; {go_on})"
+    return f" (the run stopped before its first checkpoint: {go_on})"
+
+
 def _load_into(model: nn.Module, path: Path) -> None:
     """Load ``path`` into exactly this module (no unwrapping: an ``AveragedModel`` keeps its counter)."""
     if not path.is_file():
         hint = ""
         if path.name == WEIGHTS and (path.parent / CONFIG).is_file():
-            hint = (" (the run has not evaluated yet: its kept weights are written at its first evaluation; go on "
-                    "with --resume)" if has_checkpoint(path.parent) else
-                    " (the run stopped before its first checkpoint: train it with --resume)")
+            hint = _missing_weights_hint(path.parent)
         raise AttnlabError(f"no weights file {path}{hint}")
     try:
         missing, unexpected = load_model(model, str(path), strict=False)
