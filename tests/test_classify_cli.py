@@ -355,6 +355,8 @@ def test_bad_training_input_is_one_line_and_exit_2(tmp_path):
     assert "'--epochs': 'abc' is not a valid integer" in one_error_line(run(*train, "--train", good, "--epochs", "abc"))
     assert "--min-freq 1000" in one_error_line(run(*train, "--train", good, "--min-freq", "1000"))
     assert "--d-model 32 is not divisible by --heads 3" in one_error_line(run(*train, "--train", good, "--heads", "3"))
+    assert "--positions rotary needs an even head width, and --d-model 32 / --heads 32 gives 1" in one_error_line(
+        run(*train, "--train", good, "--heads", "32", "--positions", "rotary"))
     joined = tmp_path / "joined.csv"  # two exports joined, headers and all: the second header is no ticket
     joined.write_text(good.read_text(encoding="utf-8") * 2, encoding="utf-8")
     assert "joined.csv:42: this row repeats the header (text,team)" in one_error_line(run(*train, "--train", joined))

@@ -296,6 +296,12 @@ def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):
     result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", tmp_path / "w", *TINY, "--width", "31")
     assert result.exit_code == 2 and "--width 31 is not divisible by --heads 2" in result.stderr
     assert not (tmp_path / "w").exists() and "data:" not in result.stdout  # refused before the text is read
+    result = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", tmp_path / "w", *TINY, "--width", "12",
+                    "--heads", "4", "--positions", "rotary")  # the options named, not the core's head_dim
+    assert result.exit_code == 2 and result.stderr == (
+        "error: --positions rotary needs an even head width, and --width 12 / --heads 4 gives 3: rotary turns the "
+        "head's dimensions in pairs\n")
+    assert not (tmp_path / "w").exists()
     # Settings the run's saved ones overrule are named (the run ends as it was planned).
     import shutil
 

@@ -179,6 +179,10 @@ class ClassifySettings:
         if self.d_model % self.heads:  # said in the command's words (the core's message names head_dim)
             raise AttnlabError(f"--d-model {self.d_model} is not divisible by --heads {self.heads}: "
                                "each head gets d_model / heads dimensions")
+        if self.positions == "rotary" and (self.d_model // self.heads) % 2:  # (the core's message names head_dim)
+            raise AttnlabError(f"--positions rotary needs an even head width, and --d-model {self.d_model} / --heads "
+                               f"{self.heads} gives {self.d_model // self.heads}: rotary turns the head's dimensions "
+                               "in pairs")
         self.train_config(1, 1, progress=False).validate()  # the engine's own checks (EMA decay, learning rate)
         distributed.check_batch_size(self.batch_size)
 

@@ -373,6 +373,10 @@ def train_language_model(
     if settings.width % settings.heads:  # said here in the command's words, before the text is read
         raise AttnlabError(f"--width {settings.width} is not divisible by --heads {settings.heads}: "
                            "each head gets width / heads dimensions")
+    if settings.positions == "rotary" and (settings.width // settings.heads) % 2:  # (the core's message names head_dim)
+        raise AttnlabError(f"--positions rotary needs an even head width, and --width {settings.width} / --heads "
+                           f"{settings.heads} gives {settings.width // settings.heads}: rotary turns the head's "
+                           "dimensions in pairs")
     with torch_threads(settings.threads):  # restored afterwards: callers in the same process keep theirs
         # A resumed run encodes with the tokenizer it saved (and leaves that file as it is); one that starts again
         # from step 0 does too when the file is there.
