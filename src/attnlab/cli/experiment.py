@@ -41,7 +41,7 @@ def leak(text: Path, out: Path, steps: int | None, sample_tokens: int, progress:
 
     from attnlab.cli import omp_wait  # noqa: F401  (before torch is imported)
     from attnlab.cli.console import console as stdout_console
-    from attnlab.tasks.leak import LEAK_SETTINGS, run_leak_experiment, summary
+    from attnlab.tasks.leak import LEAK_SETTINGS, LOSS_MARGIN, run_leak_experiment, summary
 
     settings = LEAK_SETTINGS.with_overrides(steps=steps)
     # No --warmup here: a budget shorter than ten warmups warms up for a tenth of it.
@@ -75,6 +75,6 @@ def leak(text: Path, out: Path, steps: int | None, sample_tokens: int, progress:
     for row in result.rows:
         console.print(Text.assemble("check of the ", (row.name, "bold"), f" model: {row.check_summary}"), soft_wrap=True)
         console.print(f"  reproduce: {result.commands[row.name]}", soft_wrap=True)
-    console.print("verdict: " + ", ".join(f"{k.replace('_', ' ')}: {'yes' if v else 'NO'}" for k, v in verdict.items()),
+    console.print(f"verdict (losses apart by more than {LOSS_MARGIN:g} nats): " + ", ".join(f"{k.replace('_', ' ')}: {'yes' if v else 'NO'}" for k, v in verdict.items()),
                   soft_wrap=True)
     console.print(f"plot: {result.out / 'leak.png'} | numbers: {result.out / 'leak.json'}", soft_wrap=True)
