@@ -777,7 +777,8 @@ def test_a_report_of_an_earlier_stop_does_not_end_the_run_and_preset_on_resume_i
     assert resumed.exit_code == 0, resumed.output  # let through to write the report of the step it reached
     assert json.loads((folder / "result.json").read_text())["steps"] == 80
     ignored = [line for line in resumed.stderr.splitlines() if "ignored:" in line]
-    assert len(ignored) == 1 and "lr=0.006 (the run has 0.01)" in ignored[0]  # the preset's settings, named
+    assert len(ignored) == 1 and "lr=0.02 (the run has 0.01)" in ignored[0]  # the preset's settings, named
+    assert "optimizer='muon' (the run has 'adamw')" in ignored[0]
     assert " steps=" not in ignored[0]  # (where the run stops is not a preset's to change)
     own = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", folder, "--resume", "--preset",
                  "nanogpt-cpu", *TINY, "--lr", "0.5")  # the run's own preset and settings, but for --lr
@@ -1063,6 +1064,7 @@ def test_the_fast_preset_asks_the_training_device_for_bfloat16_and_saves_the_ans
     assert result.exit_code == 0, result.output
     assert asked == [torch.device("cpu")]  # the device the engine trains on (no GPU here), not the host CPU as such
     assert json.loads((tmp_path / "run" / "config.json").read_text())["lm"]["bf16"] is fast  # resumes repeat it
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["lm"]["optimizer"] == "muon"
     assert result.stdout.splitlines()[1].endswith("bfloat16 autocast" if fast else "float32")  # the throughput line
     # the peak the fraction is taken of is timed in the precision the run computes in
     peak = json.loads((tmp_path / "run" / "result.json").read_text())["peak_basis"]

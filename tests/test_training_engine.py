@@ -44,12 +44,13 @@ def train(out, steps=12, resume=False, fail_at_batch=-1, dropout=0.1, batch_size
     return trainer.fit(resume=resume), model
 
 
-def test_interrupted_run_resumes_to_identical_weights(tmp_path):
-    _, straight = train(tmp_path / "a")
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])  # muon: Muon's momenta and AdamW's moments in one checkpoint
+def test_interrupted_run_resumes_to_identical_weights(tmp_path, optimizer):
+    _, straight = train(tmp_path / "a", optimizer=optimizer)
     with pytest.raises(KeyboardInterrupt):
-        train(tmp_path / "b", fail_at_batch=11)  # dies during step 11, after the step-8 checkpoint
+        train(tmp_path / "b", fail_at_batch=11, optimizer=optimizer)  # dies during step 11, after the step-8 checkpoint
     assert json.loads((tmp_path / "b/checkpoint/trainer.json").read_text())["trainer"]["step"] == 8
-    result, resumed = train(tmp_path / "b", resume=True)
+    result, resumed = train(tmp_path / "b", resume=True, optimizer=optimizer)
     assert result.steps == 12
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), name

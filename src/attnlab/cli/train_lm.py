@@ -12,6 +12,7 @@ from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads, Whole
 from attnlab.cli.train import says_how_to_continue
 from attnlab.tasks.lm import LMData
 from attnlab.tasks.lm_train import LM_PRESETS, RESUME_MAY_CHANGE, LMReport, train_language_model
+from attnlab.training.optimizers import OPTIMIZERS
 
 
 def describe_report(report: LMReport, out: Path) -> list[str]:
@@ -90,6 +91,9 @@ def _preset(field: str, text: str = "") -> str:
 @click.option("--min-lr", type=FiniteFloat(min=0), default=None, help=_preset("min_lr", "End of the cosine decay."))
 @click.option("--warmup", type=WholeNumber(min=0), default=None, help=_preset("warmup", "Linear warmup steps."))
 @click.option("--weight-decay", type=FiniteFloat(min=0), default=None, help=_preset("weight_decay"))
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default=None,
+              help=_preset("optimizer", "muon: Muon for the attention and feed-forward matrices, AdamW for the rest "
+                                        "(one --lr and --weight-decay for both)."))
 @click.option("--grad-clip", type=FiniteFloat(min=0), default=None,
               help=_preset("grad_clip", "Gradient norm clip (0: off)."))
 @click.option("--ema", "ema_decay", type=FiniteFloat(0, 1, max_open=True), default=None,

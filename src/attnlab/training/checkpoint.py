@@ -44,6 +44,7 @@ from attnlab.files import (
     write_json_atomic,
 )
 from attnlab.nn.models import DecoderLM, EncoderClassifier, Transformer
+from attnlab.training.optimizers import Chain, needed_state
 
 #: Model classes a run config may name, by class name: the core models, plus whatever a task module
 #: registers with :func:`register_model` when it is imported (its own models, the experiments' subclasses).
@@ -412,7 +413,7 @@ def _rng_key(kind: str, rank: int) -> str:
 
 
 def save_checkpoint(
-    run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, trainer_state: dict[str, Any], *,
+    run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | Chain, trainer_state: dict[str, Any], *,
     averaged: nn.Module | None = None, rng_states: list[dict[str, torch.Tensor]] | None = None,
 ) -> None:
     """Write ``RUN/checkpoint/`` whole: weights, optimizer moments, RNG states, the trainer's counters and, if
@@ -531,7 +532,7 @@ def refuse_ended(run_dir: str | Path, *, steps: int, max_seconds: float, steps_o
     return reached
 
 
-def _optimizer_state(tensors: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
+def _optimizer_state(tensors: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer | Chain) -> dict[int, dict[str, Any]]:
     """The per-parameter state of ``optimizer.state_dict()`` from its saved ``state.INDEX.KEY`` tensors, checked
     against the optimizer's parameters: torch would take moments of another shape (and its fused kernel compute
     with them), or fail later deep inside a step on a missing one. ValueError names what does not fit."""
@@ -542,12 +543,15 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], optimizer: torch.optim.Op
         if len(parts) != 3 or parts[0] != "state" or not parts[1].isdigit() or int(parts[1]) >= len(params):
             raise ValueError(f"{name} is no state of this optimizer's {len(params)} parameters")
         per_param.setdefault(int(parts[1]), {})[parts[2]] = value
-    keys = {frozenset(state) for state in per_param.values()}
-    if len(keys) > 1:
-        raise ValueError(f"its parameters' states hold different entries: {sorted(sorted(k) for k in keys)}")
-    needed = {"step", "exp_avg", "exp_avg_sq"} if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) else set()
-    if per_param and not needed <= next(iter(keys)):
-        raise ValueError(f"the optimizer's state lacks {', '.join(sorted(needed - next(iter(keys))))}")
+    needed = needed_state(optimizer)
+    found: dict[frozenset[str], set[frozenset[str]]] = {}  # what each kind of parameter's state holds
+    for index, state in per_param.items():
+        found.setdefault(needed[index], set()).add(frozenset(state))
+    for need, keys in found.items():  # (Muon's matrices and AdamW's other parameters hold different entries)
+        if len(keys) > 1:
+            raise ValueError(f"its parameters' states hold different entries: {sorted(sorted(k) for k in keys)}")
+        if not need <= next(iter(keys)):
+            raise ValueError(f"the optimizer's state lacks {', '.join(sorted(need - next(iter(keys))))}")
     for index, state in per_param.items():
         for key, value in state.items():
             if value.dim() and value.shape != params[index].shape:
@@ -556,7 +560,7 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], optimizer: torch.optim.Op
     return per_param
 
 
-def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | Chain, *,
                     averaged: nn.Module | None = None, rank: int = 0) -> dict[str, Any]:
     """Restore weights, optimizer, RNG and the averaged model from ``RUN/checkpoint/``; return the counters.
 

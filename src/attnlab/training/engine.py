@@ -2,7 +2,7 @@
 
 A task (classification, language modelling, translation) supplies its batches, its loss and its
 evaluation through the small :class:`Task` protocol; :class:`Trainer` does the rest, the same way for
-all of them: AdamW, a step-indexed learning-rate schedule, gradient clipping and accumulation, optional
+all of them: AdamW (or Muon with it, :mod:`attnlab.training.optimizers`), a step-indexed learning-rate schedule, gradient clipping and accumulation, optional
 bfloat16 autocast, an exponential moving average of the weights, evaluation every N steps with the best
 weights kept, early stopping, atomic safetensors checkpoints with exact resume, DDP under torchrun, a
 progress bar, JSON-lines metrics and a loss-curve PNG.
@@ -61,6 +61,7 @@ from attnlab.training.checkpoint import (
     save_weights,
     why_run_folder_taken,
 )
+from attnlab.training.optimizers import OPTIMIZERS, build_optimizer
 from attnlab.training.schedules import Schedule
 
 
@@ -113,6 +114,7 @@ class TrainConfig:
     schedule: str = "cosine"
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
+    optimizer: str = "adamw"
     grad_clip: float = 1.0
     grad_accum: int = 1
     ema_decay: float = 0.0
@@ -141,6 +143,8 @@ class TrainConfig:
         for name in ("lr", "min_lr", "weight_decay", "grad_clip", "ema_decay", "max_seconds"):
             if not math.isfinite(getattr(self, name)):  # NaN passes every comparison below
                 raise AttnlabError(f"{name} must be a finite number, got {getattr(self, name)!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise AttnlabError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise AttnlabError(f"AdamW's betas must be two numbers in [0, 1), got {self.betas!r}")
         if self.device not in ("auto", "cpu") and not (self.device.startswith("cuda") and torch.cuda.is_available()):
@@ -222,15 +226,6 @@ def has_fast_bf16(device: torch.device) -> bool:
     return True  # other devices: no test to ask, and no note to give
 
 
-def _decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: weight decay on matrices only, not on biases, norms or position tables' gains."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 class Trainer:
     """Trains ``model`` on ``task`` into the run folder ``out``.
 
@@ -249,12 +244,8 @@ class Trainer:
         if self.place.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
         self.model = model.to(self.place.device)
-        # The fused kernel updates each parameter in one pass; on the CPU the foreach path falls back to
-        # one op per tensor per update term and costs about three times as much (issue 6's benchmark).
-        self.optimizer = torch.optim.AdamW(
-            _decay_groups(self.model, config.weight_decay), lr=config.lr, betas=config.betas,
-            fused=self.place.device.type in ("cpu", "cuda"),
-        )
+        self.optimizer = build_optimizer(self.model, config.optimizer, lr=config.lr, weight_decay=config.weight_decay,
+                                         betas=config.betas, fused=self.place.device.type in ("cpu", "cuda"))
         self.schedule = config.learning_rates()
         # The average copies the model as it is now, buffers included (a task fills its buffers before this).
         self.averaged: AveragedModel | None = None
