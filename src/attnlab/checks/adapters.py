@@ -181,8 +181,8 @@ def warn_other_pad_id(model: Any, pad_id: int | None) -> None:
     if hidden is None or hidden == pad_id:
         return
     if pad_id is None:
-        warnings.warn(f"{pad_id_holder(model)} hides pad id {hidden} but the checks pad with none (the contract's pad_id, "
-                      f"--pad-id): they draw {hidden} as a real token, which the model hides as padding; give "
+        warnings.warn(f"{pad_id_holder(model)} hides pad id {hidden} but the checks pad with none (the contract's "
+                      f"pad_id, --pad-id): they draw {hidden} as a real token, which the model hides as padding; give "
                       f"pad id {hidden}", PadIdWarning, stacklevel=3)
     else:
         warnings.warn(f"{pad_id_holder(model)} hides pad id {hidden} but the checks pad with {pad_id} (the contract's pad_id, "

@@ -211,7 +211,8 @@ def check_causal(mut: ModelUnderTest, seeds: Sequence[int]) -> CheckResult:
                         train_mode, untrained = False, " (eval mode only: train mode is not repeatable from torch's seed)"
         if failed is not None:
             return failed
-    verdict = tally.verdict(NAME, tol, len(seeds), "no output moved when later tokens changed or were left out" + untrained)
+    verdict = tally.verdict(NAME, tol, len(seeds),
+                            "no output moved when later tokens changed or were left out" + untrained)
     if verdict.status == "pass" and not reaction.moved:
         return CheckResult(NAME, "note", f"inconclusive: the outputs hardly react to any token (after the changed "
                            f"tokens too: by up to {reaction.largest:.2g}, within the bound {reaction.bound:.2g}), so a "

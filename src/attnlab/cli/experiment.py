@@ -75,6 +75,7 @@ def leak(text: Path, out: Path, steps: int | None, sample_tokens: int, progress:
     for row in result.rows:
         console.print(Text.assemble("check of the ", (row.name, "bold"), f" model: {row.check_summary}"), soft_wrap=True)
         console.print(f"  reproduce: {result.commands[row.name]}", soft_wrap=True)
-    console.print(f"verdict (losses apart by more than {LOSS_MARGIN:g} nats): " + ", ".join(f"{k.replace('_', ' ')}: {'yes' if v else 'NO'}" for k, v in verdict.items()),
+    console.print(f"verdict (losses apart by more than {LOSS_MARGIN:g} nats): "
+                  + ", ".join(f"{k.replace('_', ' ')}: {'yes' if v else 'NO'}" for k, v in verdict.items()),
                   soft_wrap=True)
     console.print(f"plot: {result.out / 'leak.png'} | numbers: {result.out / 'leak.json'}", soft_wrap=True)

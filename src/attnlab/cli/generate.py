@@ -87,8 +87,8 @@ def generate_cmd(run: Path, prompt: str, max_new_tokens: int, temperature: float
             if sample:
                 click.echo(SEPARATOR)
             _generate(model, tokenizer, prompt, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                      top_p=top_p, seed=None if seed is None else (seed + sample) % 2**32, greedy=greedy, use_cache=not no_cache,
-                      stops=stops)
+                      top_p=top_p, seed=None if seed is None else (seed + sample) % 2**32, greedy=greedy,
+                      use_cache=not no_cache, stops=stops)
 
 
 #: Printed between two samples (nanoGPT's sample.py writes the same line).

@@ -143,7 +143,8 @@ class LMSettings:
     def train_config(self, progress: bool = True) -> TrainConfig:
         return TrainConfig(
             max_steps=self.steps, lr=self.lr, min_lr=self.min_lr, warmup_steps=self.warmup, schedule="cosine",
-            weight_decay=self.weight_decay, betas=self.betas, optimizer=self.optimizer, grad_clip=self.grad_clip, ema_decay=self.ema_decay,
+            weight_decay=self.weight_decay, betas=self.betas, optimizer=self.optimizer, grad_clip=self.grad_clip,
+            ema_decay=self.ema_decay,
             eval_every=self.eval_every, log_every=self.log_every, bf16=self.bf16, compile=self.compile, seed=self.seed,
             max_seconds=self.max_seconds, checkpoint_every=self.checkpoint_every, grad_accum=self.grad_accum,
             progress=progress,

@@ -2,10 +2,10 @@
 
 A task (classification, language modelling, translation) supplies its batches, its loss and its
 evaluation through the small :class:`Task` protocol; :class:`Trainer` does the rest, the same way for
-all of them: AdamW (or Muon with it, :mod:`attnlab.training.optimizers`), a step-indexed learning-rate schedule, gradient clipping and accumulation, optional
-bfloat16 autocast, an exponential moving average of the weights, evaluation every N steps with the best
-weights kept, early stopping, atomic safetensors checkpoints with exact resume, DDP under torchrun, a
-progress bar, JSON-lines metrics and a loss-curve PNG.
+all of them: AdamW (or Muon beside it, :mod:`attnlab.training.optimizers`), a step-indexed learning-rate
+schedule, gradient clipping and accumulation, optional bfloat16 autocast, an exponential moving average of
+the weights, evaluation every N steps with the best weights kept, early stopping, atomic safetensors
+checkpoints with exact resume, DDP under torchrun, a progress bar, JSON-lines metrics and a loss-curve PNG.
 
 **Weight averaging.** With ``ema_decay`` > 0 the engine keeps an exponential moving average of the
 weights (torch's :class:`~torch.optim.swa_utils.AveragedModel`, updated after every optimizer step), and
