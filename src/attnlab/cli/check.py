@@ -153,15 +153,16 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
             model = load_run(run)[0] if run is not None else load_model(spec)
             hidden = hidden_pad_id(model)
             if hidden is not None and hidden != contract.pad_id:
-                # The adapter (or one of attnlab's models, by its pad_id) says which id the model is told to
-                # hide: padding with another would fail the
-                # padding checks for a model that is only never told where its padding is. An explicit other
-                # --pad-id is kept (the checks warn that the two differ); an adapter that hides nothing is checked
-                # with padding all the same, since a forgotten mask is what the padding checks catch.
+                # The adapter (or one of attnlab's models, by its pad_id) says which id the model is told
+                # to hide: padding with another would fail the padding checks for a model that is only never
+                # told where its padding is. An explicit other --pad-id is kept (the checks warn that the two
+                # differ); an adapter that hides nothing is checked with padding all the same, since a
+                # forgotten mask is what the padding checks catch.
                 if not pad_given:
                     if not 0 <= hidden < vocab_size:
-                        raise AttnlabError(f"{pad_id_holder(model)}'s pad id {hidden} is outside the vocabulary 0..{vocab_size - 1} "
-                                           f"the checks draw ids from: give --vocab-size above {hidden}, or --pad-id")
+                        raise AttnlabError(f"{pad_id_holder(model)}'s pad id {hidden} is outside the vocabulary "
+                                           f"0..{vocab_size - 1} the checks draw ids from: give --vocab-size "
+                                           f"above {hidden}, or --pad-id")
                     contract = replace(contract, pad_id=hidden)
             elif hidden is None and is_attnlab_model(model) and not pad_given:  # built to take no padding
                 contract = replace(contract, pad_id=None)
