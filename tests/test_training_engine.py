@@ -249,6 +249,10 @@ def _damage_optimizer(tensors):
     _damage_optimizer,  # fused AdamW computed with it
     lambda t: ({k: v for k, v in t.items() if k != "state.1.exp_avg"}, "its parameters' states hold different entries"),
     lambda t: ({k: v for k, v in t.items() if not k.endswith(".exp_avg")}, "the optimizer's state lacks exp_avg"),
+    # a parameter's whole state gone: its moments would restart at zero, silently
+    lambda t: ({k: v for k, v in t.items() if not k.startswith("state.1.")},
+               re.escape("the state of parameter 1 is missing (saved with state, none found)")),
+    lambda t: ({k: v for k, v in t.items() if not k.startswith(("state.0.", "state.2."))}, "the states of parameters 0, 2 are missing"),
     lambda t: ({**t, "state.0": torch.zeros(1)}, "state.0 is no state of this optimizer's"),
     lambda t: ({**t, "state.x.exp_avg": torch.zeros(1)}, "state.x.exp_avg is no state of this optimizer's"),
     lambda t: ({**t, "rng.torch": torch.zeros(10, dtype=torch.uint8)}, "its random generator state: Expected a"),
@@ -261,6 +265,30 @@ def test_a_checkpoint_whose_optimizer_or_random_state_does_not_fit_is_named_dama
     save_file(tensors, str(path))
     with pytest.raises(AttnlabError, match="checkpoint in .* is damaged: " + message):
         train(tmp_path / "run", steps=8, resume=True)
+
+
+def _resume_with_trainer_json(run, edit):
+    path = run / "checkpoint/trainer.json"
+    meta = json.loads(path.read_text())
+    edit(meta)
+    path.write_text(json.dumps(meta))
+    train(run, steps=8, resume=True)
+
+
+def test_which_parameters_have_optimizer_state_is_checked_where_saved(tmp_path):
+    train(tmp_path / "run", steps=4)
+    saved = json.loads((tmp_path / "run/checkpoint/trainer.json").read_text())["params_with_state"]
+    assert saved == list(range(len(list(ToyTask().model().parameters()))))
+    with pytest.raises(AttnlabError, match=re.escape("damaged: trainer.json's params_with_state is 'x', not a list")):
+        _resume_with_trainer_json(tmp_path / "run", lambda meta: meta.update(params_with_state="x"))
+    with pytest.raises(AttnlabError, match="damaged: it holds state for parameter 0, saved as having none"):
+        _resume_with_trainer_json(tmp_path / "run", lambda meta: meta.update(params_with_state=saved[1:]))
+
+
+def test_a_checkpoint_from_before_params_with_state_was_kept_still_resumes(tmp_path):
+    train(tmp_path / "run", steps=4)
+    _resume_with_trainer_json(tmp_path / "run", lambda meta: meta.pop("params_with_state"))
+    assert json.loads((tmp_path / "run/checkpoint/trainer.json").read_text())["trainer"]["step"] == 8
 
 
 @pytest.mark.parametrize("key, value", [("best_score", "x"), ("tokens", None), ("stopped_early", 1), ("best", [])])

@@ -437,7 +437,10 @@ def save_checkpoint(
             save_model(averaged, str(tmp / AVERAGED))
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "optimizer.safetensors"))
         (tmp / "trainer.json").write_text(
-            json.dumps({"trainer": trainer_state, "param_groups": state["param_groups"]}, indent=2), encoding="utf-8"
+            json.dumps({"trainer": trainer_state, "param_groups": state["param_groups"],
+                        # (which parameters have state, kept apart from the moments: a parameter that never had a
+                        # gradient has none, so a file lacking one's whole state could not be told from it)
+                        "params_with_state": sorted(state["state"])}, indent=2), encoding="utf-8"
         )
 
 
@@ -532,10 +535,13 @@ def refuse_ended(run_dir: str | Path, *, steps: int, max_seconds: float, steps_o
     return reached
 
 
-def _optimizer_state(tensors: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer | Chain) -> dict[int, dict[str, Any]]:
+def _optimizer_state(tensors: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer | Chain,
+                     with_state: Any = None) -> dict[int, dict[str, Any]]:
     """The per-parameter state of ``optimizer.state_dict()`` from its saved ``state.INDEX.KEY`` tensors, checked
     against the optimizer's parameters: torch would take moments of another shape (and its fused kernel compute
-    with them), or fail later deep inside a step on a missing one. ValueError names what does not fit."""
+    with them), fail later deep inside a step on a missing one, or start a parameter whose whole state is gone from
+    zero moments. ``with_state`` lists the indices saved with state (None: a checkpoint from before it was kept).
+    ValueError names what does not fit."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     per_param: dict[int, dict[str, torch.Tensor]] = {}
     for name, value in tensors.items():
@@ -543,6 +549,17 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], optimizer: torch.optim.Op
         if len(parts) != 3 or parts[0] != "state" or not parts[1].isdigit() or int(parts[1]) >= len(params):
             raise ValueError(f"{name} is no state of this optimizer's {len(params)} parameters")
         per_param.setdefault(int(parts[1]), {})[parts[2]] = value
+    if with_state is not None:
+        if not isinstance(with_state, list) or not all(type(i) is int for i in with_state):
+            raise ValueError(f"trainer.json's params_with_state is {with_state!r}, not a list of indices")
+        if missing := sorted(set(with_state) - set(per_param)):
+            many = len(missing) > 1
+            raise ValueError(f"the state{'s' if many else ''} of parameter{'s' if many else ''} "
+                             f"{', '.join(map(str, missing))} {'are' if many else 'is'} missing (saved with state, "
+                             "none found)")
+        if extra := sorted(set(per_param) - set(with_state)):
+            raise ValueError(f"it holds state for parameter{'s' if len(extra) > 1 else ''} "
+                             f"{', '.join(map(str, extra))}, saved as having none")
     needed = needed_state(optimizer)
     found: dict[frozenset[str], set[frozenset[str]]] = {}  # what each kind of parameter's state holds
     for index, state in per_param.items():
@@ -586,7 +603,7 @@ def load_checkpoint(run_dir: str | Path, model: nn.Module, optimizer: torch.opti
     if "rng.torch" not in rng:
         raise AttnlabError(f"checkpoint in {folder} is damaged: it holds no random generator state")
     try:  # checked before anything is set: a damaged checkpoint leaves the model's optimizer and streams alone
-        per_param = _optimizer_state(tensors, optimizer)
+        per_param = _optimizer_state(tensors, optimizer, meta.get("params_with_state") if isinstance(meta, dict) else None)
     except ValueError as err:
         raise AttnlabError(f"checkpoint in {folder} is damaged: {err}") from err
     try:
