@@ -374,6 +374,25 @@ def test_reset_parameters_after_to_empty_ties_the_output_matrix_to_the_embedding
     assert untied.output.weight is not untied.decoder.embed.tokens.weight
 
 
+@pytest.mark.parametrize("make, output, embedding", [
+    (lambda: DecoderLM(20, 16, 2, 2, max_positions=8), "lm_head", "body.embed.tokens"),
+    (lambda: Transformer(20, 22, 16, 1, 2, 32, tie_output=True), "output", "decoder.embed.tokens"),
+])
+def test_loading_with_assign_keeps_the_output_matrix_tied_to_the_embedding(make, output, embedding):
+    """Built on the meta device and given its weights with ``assign=True`` (loading without a first allocation):
+    torch puts each saved tensor in its own slot, which untied the two matrices; training then moved them apart."""
+    torch.manual_seed(0)
+    made = make()
+    with torch.device("meta"):
+        loaded = make()
+    loaded.load_state_dict({name: t.clone() for name, t in made.state_dict().items()}, assign=True)
+    assert loaded.get_submodule(output).weight is loaded.get_submodule(embedding).weight
+    assert loaded.num_parameters() == made.num_parameters()
+    untied = Transformer(20, 22, 16, 1, 2, 32)  # a model that does not tie keeps two matrices
+    untied.load_state_dict({name: t.clone() for name, t in untied.state_dict().items()}, assign=True)
+    assert untied.output.weight is not untied.decoder.embed.tokens.weight
+
+
 def test_tied_and_shared_embeddings():
     model = Transformer(40, 40, 16, 1, 2, 32, share_embeddings=True, tie_output=True)
     assert model.output.weight is model.encoder.embed.tokens.weight

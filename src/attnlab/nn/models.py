@@ -64,8 +64,21 @@ def masked_mean(states: Tensor, *, attend_mask: Tensor) -> Tensor:
     return (states * keep).sum(1) / keep.sum(1).clamp(min=1.0)
 
 
+def _tie_again(module: nn.Module, incompatible_keys: Any) -> None:
+    """After ``load_state_dict``: ``assign=True`` puts each saved tensor in its own slot, so the output matrix and
+    the embedding it shares would become two parameters, trained apart (Hugging Face's models re-tie likewise)."""
+    module.tie_weights()
+
+
 class _Model(nn.Module):
     config: dict[str, Any]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_load_state_dict_post_hook(_tie_again)
+
+    def tie_weights(self) -> None:
+        """Share the matrices the model ties (none here; see the subclasses')."""
 
     def probabilities(self, *args: Any, **kwargs: Any) -> Tensor:
         """``softmax(forward(...))`` over the last axis: probabilities of the logits' shape, (batch, [seq,] classes
