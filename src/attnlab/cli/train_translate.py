@@ -12,6 +12,7 @@ from attnlab.cli.params import BPE_VOCAB, FiniteFloat, PathParam, Threads, Whole
 from attnlab.cli.train import says_how_to_continue
 from attnlab.cli.translate import report_warnings
 from attnlab.errors import AttnlabError
+from attnlab.nn.attention import check_heads_option
 from attnlab.tasks.translate import RECIPE_MODEL, RECIPE_TRAIN, TranslateSettings, train_translation
 from attnlab.training import TrainConfig
 from attnlab.training.engine import config_dict
@@ -86,9 +87,7 @@ def train_translate(train: str, valid: str, src: str, tgt: str, out: Path, joint
     explicit = click.get_current_context().get_parameter_source("share_embeddings")
     if share_embeddings and not joint_vocab and explicit == click.core.ParameterSource.COMMANDLINE:
         raise AttnlabError("--share-embeddings needs the joint vocabulary; drop --separate-vocab or the sharing")
-    if d_model % heads:  # before the BPE training that would come first
-        raise AttnlabError(f"--d-model {d_model} is not divisible by --heads {heads}: each head gets d-model / heads "
-                           "dimensions")
+    check_heads_option(d_model, heads, width_option="--d-model")  # before the BPE training that would come first
     if threads:
         torch.set_num_threads(threads)
     settings = TranslateSettings(src=src, tgt=tgt, joint_vocab=joint_vocab, vocab_size=vocab_size,

@@ -174,6 +174,18 @@ def head_width(d_model: int, num_heads: int, head_dim: int | None = None) -> int
     return d_model // num_heads
 
 
+def check_heads_option(width: int, heads: int, *, width_option: str, rotary: bool = False) -> None:
+    """:func:`head_width`'s check, and the rotary embedding's even head width, said in a command's options
+    (``width_option``, ``--heads``, ``--positions``) before any work: the core's messages name ``d_model`` and
+    ``head_dim``, which a command line does not have."""
+    if width % heads:
+        raise AttnlabError(f"{width_option} {width} is not divisible by --heads {heads}: each head gets "
+                           f"{width_option.removeprefix('--')} / heads dimensions")
+    if rotary and (width // heads) % 2:
+        raise AttnlabError(f"--positions rotary needs an even head width, and {width_option} {width} / --heads "
+                           f"{heads} gives {width // heads}: rotary turns the head's dimensions in pairs")
+
+
 def check_attention_inputs(x: Tensor, memory: Tensor | None, d_model: int) -> None:
     """Raise :class:`AttnlabError` unless ``x`` (batch, queries, d_model) and ``memory`` (batch, keys, d_model)
     or None are what :class:`MultiHeadAttention` takes.

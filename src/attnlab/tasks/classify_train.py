@@ -27,6 +27,7 @@ from torch import nn
 from attnlab.data import UNK_ID, BPETokenizer, WordTokenizer, load_tokenizer, word_tokens
 from attnlab.errors import AttnlabError
 from attnlab.files import ensure_writable_dir, fingerprint, refuse_changed, write_json_atomic
+from attnlab.nn.attention import check_heads_option
 from attnlab.nn.models import EncoderClassifier
 from attnlab.tasks.classify import TASK_NAME, ClassifyTask, encode_texts
 from attnlab.tasks.classify_features import (
@@ -176,13 +177,7 @@ class ClassifySettings:
         if new_run and not self.epochs and not self.steps and not self.max_seconds:
             raise AttnlabError("--epochs 0 fits the run to --max-seconds, and --max-seconds 0 sets no limit to fit "
                                "it to; give --epochs or --steps, or a time budget")
-        if self.d_model % self.heads:  # said in the command's words (the core's message names head_dim)
-            raise AttnlabError(f"--d-model {self.d_model} is not divisible by --heads {self.heads}: "
-                               "each head gets d_model / heads dimensions")
-        if self.positions == "rotary" and (self.d_model // self.heads) % 2:  # (the core's message names head_dim)
-            raise AttnlabError(f"--positions rotary needs an even head width, and --d-model {self.d_model} / --heads "
-                               f"{self.heads} gives {self.d_model // self.heads}: rotary turns the head's dimensions "
-                               "in pairs")
+        check_heads_option(self.d_model, self.heads, width_option="--d-model", rotary=self.positions == "rotary")
         self.train_config(1, 1, progress=False).validate()  # the engine's own checks (EMA decay, learning rate)
         distributed.check_batch_size(self.batch_size)
 

@@ -33,6 +33,7 @@ from torch import nn
 
 from attnlab.errors import AttnlabError
 from attnlab.files import ensure_writable_dir, fingerprint, refuse_changed, write_json_atomic
+from attnlab.nn.attention import check_heads_option
 from attnlab.nn.models import DecoderLM
 from attnlab.tasks.lm import (
     TASK_NAME,
@@ -375,13 +376,8 @@ def train_language_model(
     config = settings.train_config(progress)
     config.validate()  # before anything is written: a bad setting leaves no half-made run
     distributed.check_batch_size(settings.batch_size)
-    if settings.width % settings.heads:  # said here in the command's words, before the text is read
-        raise AttnlabError(f"--width {settings.width} is not divisible by --heads {settings.heads}: "
-                           "each head gets width / heads dimensions")
-    if settings.positions == "rotary" and (settings.width // settings.heads) % 2:  # (the core's message names head_dim)
-        raise AttnlabError(f"--positions rotary needs an even head width, and --width {settings.width} / --heads "
-                           f"{settings.heads} gives {settings.width // settings.heads}: rotary turns the head's "
-                           "dimensions in pairs")
+    # (before the text is read)
+    check_heads_option(settings.width, settings.heads, width_option="--width", rotary=settings.positions == "rotary")
     with torch_threads(settings.threads):  # restored afterwards: callers in the same process keep theirs
         # A resumed run encodes with the tokenizer it saved (and leaves that file as it is); one that starts again
         # from step 0 does too when the file is there.
