@@ -28,6 +28,7 @@ from attnlab.nn.masks import (
     padding_mask,
     values_unreadable,
 )
+from attnlab.nn.positions import ComputedTable
 from attnlab.nn.stacks import Decoder, Encoder, PositionKind, check_cache_list, check_id_batch
 
 
@@ -64,10 +65,20 @@ def masked_mean(states: Tensor, *, attend_mask: Tensor) -> Tensor:
     return (states * keep).sum(1) / keep.sum(1).clamp(min=1.0)
 
 
-def _tie_again(module: nn.Module, incompatible_keys: Any) -> None:
-    """After ``load_state_dict``: ``assign=True`` puts each saved tensor in its own slot, so the output matrix and
-    the embedding it shares would become two parameters, trained apart (Hugging Face's models re-tie likewise)."""
+def _after_load(module: nn.Module, incompatible_keys: Any) -> None:
+    """After ``load_state_dict``, for a model built on the ``meta`` device and loaded with ``assign=True``:
+
+    * that puts each saved tensor in its own slot, so the output matrix and the embedding it shares would become
+      two parameters, trained apart: tie them again (Hugging Face's models re-tie likewise);
+    * the position tables are computed, not saved, so they would stay on ``meta``: compute them on the device the
+      weights came to.
+    """
     module.tie_weights()
+    loaded = next((p for p in module.parameters() if not p.is_meta), None)
+    if loaded is not None:  # (a load that left every weight on meta has no device to put the tables on)
+        for table in module.modules():
+            if isinstance(table, ComputedTable):
+                table.materialize(loaded.device)
 
 
 class _Model(nn.Module):
@@ -75,7 +86,7 @@ class _Model(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.register_load_state_dict_post_hook(_tie_again)
+        self.register_load_state_dict_post_hook(_after_load)
 
     def tie_weights(self) -> None:
         """Share the matrices the model ties (none here; see the subclasses')."""

@@ -78,7 +78,7 @@ def _check_span(length: int, offset: int, max_positions: int, what: str) -> tupl
     return length, offset
 
 
-class _ComputedTable(nn.Module):
+class ComputedTable(nn.Module):
     """A module whose buffers are computed from its arguments (not saved): when ``.double()`` or ``.to(dtype)``
     changes their dtype, they are computed again in it, so that a float64 model holds float64-exact tables and
     not float32 values widened. Subclasses define ``reset_parameters`` to compute them in the buffers' dtype."""
@@ -91,8 +91,18 @@ class _ComputedTable(nn.Module):
             self.reset_parameters()  # type: ignore[operator]
         return self
 
+    def materialize(self, device: torch.device) -> None:
+        """Compute the tables on ``device`` if they are still on ``meta``, in their dtype. A model built on the
+        ``meta`` device and loaded with ``load_state_dict(..., assign=True)`` gets real parameters but no tables,
+        since checkpoints do not carry them; the models' load hook calls this."""
+        meta = [name for name, buffer in self.named_buffers(recurse=False) if buffer.is_meta]
+        for name in meta:
+            self._buffers[name] = torch.empty_like(self._buffers[name], device=device)  # type: ignore[arg-type]
+        if meta:
+            self.reset_parameters()  # type: ignore[operator]
 
-class SinusoidalPositions(_ComputedTable):
+
+class SinusoidalPositions(ComputedTable):
     """A precomputed sinusoidal table, sliced to the sequence length. Holds no parameters.
 
     Args:
@@ -137,7 +147,7 @@ class LearnedPositions(nn.Module):
         return self.table.weight[offset : offset + length]
 
 
-class RotaryEmbedding(_ComputedTable):
+class RotaryEmbedding(ComputedTable):
     """Rotary position embedding, applied to queries and keys inside attention.
 
     Each pair of dimensions ``(2j, 2j + 1)`` of a head is rotated by the angle ``pos * base^(-2j/h)``.
