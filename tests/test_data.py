@@ -102,7 +102,13 @@ def test_load_tokenizer_errors(tmp_path):
         load_tokenizer(tmp_path / "x.json")
     for content, why in (('{"model": {"type": "BPE"}}', "Missing vocab/merges"), ('{"kind": "char"}', "no 'chars'"),
                          ('{"kind": "char", "chars": 5}', "'chars' must be a list of strings"),
-                         ('{"kind": "word", "itos": ["<pad>", 7]}', "'itos' must be a list of strings")):
+                         ('{"kind": "word", "itos": ["<pad>", 7]}', "'itos' must be a list of strings"),
+                         # damaged entries that decoded wrongly without a word: a text with two ids, one gone
+                         ('{"kind": "char", "chars": ["a", "b", "a"]}', "'chars' holds 'a' twice"),
+                         ('{"kind": "char", "chars": ["a", ""]}', "'chars' holds '', which is not one character"),
+                         ('{"kind": "char", "chars": ["a", "bc"]}', "'chars' holds 'bc', which is not one character"),
+                         ('{"kind": "word", "itos": ["<pad>", "<unk>", "the", "the"]}', "'itos' holds 'the' twice"),
+                         ('{"kind": "word", "itos": ["<pad>", "<unk>", ""]}', "'itos' holds '', which is not a word")):
         (tmp_path / "x.json").write_text(content)
         with pytest.raises(AttnlabError, match=f"x.json is a broken tokenizer file \\(.*{why}"):
             load_tokenizer(tmp_path / "x.json")

@@ -187,6 +187,12 @@ def test_generated_text_is_written_in_utf8_under_the_c_locale(tmp_path):
     done = subprocess.run(generate, env={**env, "PYTHONIOENCODING": ":surrogateescape"}, capture_output=True,
                           timeout=300)
     assert done.returncode == 0 and done.stdout.decode("utf-8").startswith("un café")
+    # An encoding asked for that cannot write the text is one line that says how to go on, not a traceback.
+    done = subprocess.run(generate, env={**env, "PYTHONIOENCODING": "ascii"}, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and done.stderr == (
+        "error: standard output's encoding, ascii (as PYTHONIOENCODING or the console sets it), cannot write 'é': "
+        "set PYTHONIOENCODING=utf-8, or ascii:backslashreplace to have such characters written as escapes\n")
 
 
 def test_one_final_evaluation_batch_is_said_in_the_singular(tmp_path):
@@ -281,8 +287,8 @@ def test_train_lm_bad_input_is_a_clear_error(run, tmp_path):
     for path, kind in ((pipe, "a pipe"), (Path("/dev/null"), "a device")):
         result = invoke("train", "lm", "--text", path, "--out", tmp_path / "r", "--no-progress")
         assert result.exit_code == 2 and result.stderr == (
-            f"error: {path} is {kind}, not a text file: the run reads its text twice (to train, and to fingerprint "
-            "it for --resume); save it to a file first\n")
+            f"error: {path} is {kind}, not a text file: the text is read twice (to train, and to record its "
+            "fingerprint in the run folder); save it to a file first\n")
     folder = tmp_path / "folder"  # the text in the run folder, under a name the run writes: it would be replaced
     (folder / "checkpoint").mkdir(parents=True)
     for inside in (folder / "metrics.jsonl", folder / "result.json", folder / "checkpoint" / "t.txt"):
@@ -707,6 +713,16 @@ def test_a_time_budget_can_be_raised_on_resume_and_an_ended_run_says_why_it_cann
     lost = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", finished, "--resume", "--no-progress")
     assert lost.exit_code == 2 and "holds the report of a run that ran (result.json) but no checkpoint/" in lost.stderr
     assert (finished / "model.safetensors").read_bytes() == weights and (finished / "result.json").read_bytes() == before
+    # A checkpoint folder without its trainer.json is damaged (it is written whole): named so, with what it holds,
+    # not as a missing folder, and not trained over from step 0 when no report is there either.
+    (finished / "result.json").unlink()
+    (finished / "checkpoint").mkdir()
+    (finished / "checkpoint" / "model.safetensors").write_bytes(weights)
+    damaged = invoke("train", "lm", "--text", run[0].parent / "fox.txt", "--out", finished, "--resume", "--no-progress")
+    assert damaged.exit_code == 2 and damaged.stderr == (
+        f"error: checkpoint in {finished / 'checkpoint'} is damaged: trainer.json is missing (the folder holds "
+        "model.safetensors); train into another --out, or remove the run's files to start it again\n")
+    assert (finished / "checkpoint" / "model.safetensors").read_bytes() == weights
     text = tmp_path / "fox.txt"
     text.write_text(TEXT, encoding="utf-8")
     timed = tmp_path / "timed"
@@ -874,6 +890,18 @@ def test_check_takes_a_run_folder_and_reads_its_contract_from_it(run, tmp_path):
     for option, value in (("--vocab-size", 99999), ("--max-length", 25)):  # but not past what the run can take
         too_big = invoke("check", run[0], option, value)
         assert too_big.exit_code == 2 and f"{value} is more than the run's own" in too_big.stderr
+    import shutil
+
+    for key, value, said in (("max_positions", 1, "a context of 1, and the checks need at least 3 (--max-length"),
+                             ("vocab_size", 3, "a vocabulary of 3 ids, and the checks need at least 4 (--vocab-size")):
+        small = tmp_path / f"small_{key}"  # (a run of context 1 trains; the checks need 3 positions, 4 ids)
+        shutil.copytree(run[0], small)
+        config = json.loads((small / "config.json").read_text())
+        config["model"]["kwargs"][key] = value
+        (small / "config.json").write_text(json.dumps(config))
+        result = invoke("check", small)  # no option was given: the message says the figure is the run's
+        assert result.exit_code == 2 and result.stderr == (
+            f"error: {small} has {said} cannot go past the run's own): this run cannot be checked\n")
     (tmp_path / "model.py").write_text("def f():\n    return None\n")
     for spec, message in ((tmp_path / "nope", "is neither a run folder nor path/to/file.py:factory"),
                           (tmp_path / "model.py", "names a file but no factory"),

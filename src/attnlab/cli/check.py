@@ -133,6 +133,11 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
     if run is not None:  # ids or lengths past the run's own would fail every check for the wrong reason
         for option, given, limit in (("--vocab-size", vocab_size, defaults["vocab_size"]),
                                      ("--max-length", max_length, defaults["max_length"])):
+            least = MIN_VOCAB_SIZE if option == "--vocab-size" else MIN_MAX_LENGTH
+            if limit < least:  # no option can help: they may only go below the run's own
+                what = f"a vocabulary of {limit} ids" if option == "--vocab-size" else f"a context of {limit}"
+                raise AttnlabError(f"{run} has {what}, and the checks need at least {least} ({option} cannot go "
+                                   "past the run's own): this run cannot be checked")
             if given is not None and given > limit:
                 raise click.BadParameter(f"{given} is more than the run's own {limit}", param_hint=f"'{option}'")
     vocab_size = vocab_size or defaults["vocab_size"]

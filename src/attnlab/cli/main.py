@@ -106,6 +106,12 @@ class _MainGroup(LazyGroup):
             where = f": {err.filename}" if getattr(err, "filename", None) else ""
             _error(f"{err.strerror or err}{where}")
             ctx.exit(2)
+        except UnicodeEncodeError as err:
+            said = _unwritable_text(err)
+            if said is None:
+                raise
+            _error(said)
+            ctx.exit(2)
         except (MemoryError, RuntimeError) as err:  # torch's OutOfMemoryError is a RuntimeError
             said = _out_of_memory(err)
             if said is None:
@@ -131,6 +137,22 @@ def _utf8_stdout() -> None:
         utf8 = False
     if not utf8:
         stream.reconfigure(encoding="utf-8", errors=stream.errors)
+
+
+def _unwritable_text(err: UnicodeEncodeError) -> str | None:
+    """The line for text that standard output's encoding cannot write, else None. :func:`_utf8_stdout` keeps an
+    encoding the user asked for (``PYTHONIOENCODING=ascii``), whose strict handler then stopped a command with a
+    traceback halfway through its text (an experiment, after writing all its files)."""
+    encoding = getattr(sys.stdout, "encoding", None)
+    try:
+        same = bool(encoding) and codecs.lookup(encoding).name == codecs.lookup(err.encoding).name
+    except LookupError:
+        same = False
+    if not same:
+        return None
+    return (f"standard output's encoding, {encoding} (as PYTHONIOENCODING or the console sets it), cannot write "
+            f"{err.object[err.start:err.end]!r}: set PYTHONIOENCODING=utf-8, or {encoding}:backslashreplace to have "
+            "such characters written as escapes")
 
 
 def _out_of_memory(err: BaseException) -> str | None:

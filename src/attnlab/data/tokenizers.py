@@ -237,11 +237,21 @@ def load_tokenizer(path: str | Path, vocab_size: int | None = None) -> WordToken
     return tokenizer
 
 
-def _strings(data: dict, key: str) -> list[str]:
-    """``data[key]``, which must be a list of strings (the words or characters of a vocabulary, in id order)."""
+def _strings(data: dict, key: str, *, characters: bool = False) -> list[str]:
+    """``data[key]``, which must be a list of distinct non-empty strings (the words or, with ``characters``, the
+    single characters of a vocabulary, in id order). An entry twice would give one text two ids, and an empty or
+    longer one would drop or add text: a damaged file would decode without a word, wrongly."""
     value = data[key]
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise TypeError(f"{key!r} must be a list of strings")
+    wrong = next((item for item in value if (len(item) != 1 if characters else not item)), None)
+    if wrong is not None:
+        raise ValueError(f"{key!r} holds {wrong!r}, which is not {'one character' if characters else 'a word'}")
+    seen: set[str] = set()
+    for item in value:
+        if item in seen:
+            raise ValueError(f"{key!r} holds {item!r} twice")
+        seen.add(item)
     return value
 
 
@@ -258,7 +268,7 @@ def _read_tokenizer(path: Path) -> WordTokenizer | CharTokenizer | BPETokenizer:
         if kind == "word":
             return WordTokenizer(_strings(data, "itos"))
         if kind == "char":
-            return CharTokenizer(_strings(data, "chars"))
+            return CharTokenizer(_strings(data, "chars", characters=True))
         if isinstance(data, dict) and "model" in data:
             from tokenizers import Tokenizer
 

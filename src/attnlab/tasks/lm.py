@@ -66,8 +66,9 @@ def read_text(path: str | Path, *, keep_bom: bool = False) -> str:
     if not path.is_file():  # a pipe (<(...), /dev/stdin) or a device: the run reads its text more than once
         kind = "a pipe" if path.is_fifo() else "a device" if path.is_char_device() or path.is_block_device() else (
             "not a regular file")
-        raise AttnlabError(f"{path} is {kind}, not a text file: the run reads its text twice (to train, and to "
-                           "fingerprint it for --resume); save it to a file first")
+        # (worded for `experiment leak` too, which has no --resume but fingerprints the text in its models' runs)
+        raise AttnlabError(f"{path} is {kind}, not a text file: the text is read twice (to train, and to record "
+                           "its fingerprint in the run folder); save it to a file first")
     text = decode_utf8(path.read_bytes(), path, bom=not keep_bom)
     if not text:
         raise AttnlabError(f"{path} is empty")

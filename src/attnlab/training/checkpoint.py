@@ -492,8 +492,16 @@ def _reported_step(run_dir: Path) -> int | None:
 def refuse_restart_over_a_report(run_dir: str | Path) -> None:
     """Refuse to start a run again from step 0 (a resume without a checkpoint) over the report of one that ran:
     a run killed before its first checkpoint has written none, so a ``result.json`` without ``checkpoint/``
-    means the checkpoint was deleted, and a restart would train its weights and report over again."""
+    means the checkpoint was deleted, and a restart would train its weights and report over again. A
+    ``checkpoint/`` without its ``trainer.json`` is refused as damaged (the folder is written whole, under a
+    temporary name): a restart would have trained over it from step 0."""
     run_dir = Path(run_dir)
+    folder = run_dir / CHECKPOINT
+    if not has_checkpoint(run_dir) and (folder.exists() or folder.is_symlink()):
+        held = ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing" if folder.is_dir() else None
+        raise AttnlabError(f"checkpoint in {folder} is damaged: " + (
+            f"trainer.json is missing (the folder holds {held})" if held else "it is not a folder") +
+            "; train into another --out, or remove the run's files to start it again")
     if not has_checkpoint(run_dir) and (run_dir / RESULT).exists():
         raise AttnlabError(f"{run_dir} holds the report of a run that ran ({RESULT}) but no {CHECKPOINT}/ to resume "
                            "from: resuming would train it again from step 0 over its weights; train into another "
