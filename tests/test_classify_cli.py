@@ -808,3 +808,18 @@ def test_a_label_written_one_way_in_training_and_another_in_validation_is_refuse
         f"error: {train} and {valid}: the labels 1 and 1.0 are one number written two ways, which would make two "
         "classes; write each label one way\n")
     assert not (tmp_path / "r").exists()
+
+
+def test_eval_names_a_run_that_is_no_run_before_its_default_outputs(tmp_path):
+    """A file given as RUN was blamed on an option never given (--confusion FILE/confusion-val.png), and on a
+    read-only folder the advice to give --confusion led only to "not a run folder"."""
+    data = write_tickets(tmp_path / "val.csv", 10, seed=0)
+    for command, extra in ((["eval", "classify"], ["--data", data]),
+                           (["eval", "translate"], ["--src-file", data, "--ref-file", data])):
+        assert one_error_line(run(*command, data, *extra)) == f"error: {data} is not a folder"
+        (tmp_path / "folder").mkdir(exist_ok=True)
+        assert one_error_line(run(*command, tmp_path / "folder", *extra)) == \
+            f"error: {tmp_path / 'folder'} is not an attnlab run folder (no config.json)"
+    (tmp_path / "odd" / "config.json").mkdir(parents=True)
+    assert one_error_line(run("eval", "classify", tmp_path / "odd", "--data", data)) == \
+        f"error: {tmp_path / 'odd' / 'config.json'} is a folder, not a run's config file"

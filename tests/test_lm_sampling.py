@@ -207,3 +207,16 @@ def test_a_top_p_below_float32s_smallest_number_keeps_the_top_token():
     kept = top_p_filter(logits, 1e-46)  # 1e-46 is 0 in float32: "0 >= 0" dropped every token, NaN followed
     assert torch.isfinite(kept).sum(-1).tolist() == [1, 1] and kept.argmax(-1).tolist() == [0, 1]
     assert next_token(logits, top_p=1e-46).tolist() == [0, 1]
+
+
+def test_nan_or_infinite_scores_are_an_error_and_a_banned_token_is_not():
+    """A diverged model's NaN scores made torch.multinomial fail with a traceback, and greedy pick token 0."""
+    logits = random_logits()
+    logits[:, 0] = -math.inf  # a token ruled out: fine
+    assert next_token(logits, greedy=True).shape == (4,)
+    for bad in (math.nan, math.inf):
+        broken = logits.clone()
+        broken[2, 5] = bad
+        for greedy in (True, False):
+            with pytest.raises(AttnlabError, match="scores for the next token are NaN or infinite"):
+                next_token(broken, greedy=greedy, generator=torch.Generator().manual_seed(0))

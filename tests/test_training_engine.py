@@ -291,7 +291,10 @@ def test_a_checkpoint_from_before_params_with_state_was_kept_still_resumes(tmp_p
     assert json.loads((tmp_path / "run/checkpoint/trainer.json").read_text())["trainer"]["step"] == 8
 
 
-@pytest.mark.parametrize("key, value", [("best_score", "x"), ("tokens", None), ("stopped_early", 1), ("best", [])])
+@pytest.mark.parametrize("key, value", [("best_score", "x"), ("tokens", None), ("stopped_early", 1), ("best", []),
+                                        # (and of the right kind, but no count or time: -1e9 s reached result.json)
+                                        ("elapsed", -999999999.8), ("elapsed", math.inf), ("tokens", -5),
+                                        ("epoch", 2.5), ("batch_in_epoch", -3), ("evals_without_improvement", -1)])
 def test_a_checkpoint_whose_counters_are_of_other_kinds_is_named_damaged(tmp_path, key, value):
     train(tmp_path / "run", steps=4)
     path = tmp_path / "run/checkpoint/trainer.json"
@@ -541,6 +544,18 @@ def test_a_score_that_is_not_finite_stops_training_instead_of_never_keeping_weig
     with pytest.raises(TrainingError, match="the evaluation at step 2 gave a score of nan"):
         trainer.fit()
 
+    class FiniteScore(ToyTask):  # an accuracy over NaN outputs is finite: those weights were kept as the best
+        def evaluate(self, model):
+            return {"loss": math.nan, "score": 0.25, "accuracy": 0.25}
+
+    task = FiniteScore()
+    out = tmp_path / "finite_score"
+    trainer = Trainer(task.model(), task, TrainConfig(max_steps=4, eval_every=2, progress=False), out)
+    with pytest.raises(TrainingError, match="the evaluation at step 2 gave a loss of nan: the model's outputs are "
+                                            "no longer finite"):
+        trainer.fit()
+    assert not (out / "model.safetensors").exists()  # nothing was kept as the best
+
 
 def test_a_run_the_time_budget_stops_says_so(tmp_path, monkeypatch):
     import attnlab.training.engine as engine
@@ -725,3 +740,57 @@ def test_a_run_without_kept_weights_is_told_what_to_do_by_its_state_and_kind(tmp
     with pytest.raises(AttnlabError, match=r"\(the run is still training: its kept weights are written at its first "
                                            r"evaluation; wait for it\)$"):
         load_weights(model, run / "model.safetensors")
+
+
+@pytest.mark.parametrize("fails_at_call, restored", [(3, True), (5, False)])
+def test_a_resume_that_fails_before_its_checkpoint_moves_leaves_config_json_as_it_was(tmp_path, fails_at_call,
+                                                                                       restored):
+    """A resume given a learning rate that makes the loss NaN recorded it in config.json once the checkpoint had
+    loaded, and kept it there after failing: the next plain --resume took it without a word. Once a checkpoint
+    under the new settings is written (step 8 here), they are the run's."""
+    seed_everything(0)
+    task = ToyTask()
+    Trainer(task.model(), task, TrainConfig(max_steps=4, eval_every=2, progress=False), tmp_path).fit()
+    (tmp_path / "config.json").write_text('{"lr": 0.001}')
+
+    class Exploding(ToyTask):
+        def loss(self, model, data):
+            loss = super().loss(model, data)
+            return loss * math.nan if self.calls >= fails_at_call else loss
+
+    def record():
+        (tmp_path / "config.json").write_text('{"lr": 1e30}')
+
+    task = Exploding()
+    trainer = Trainer(task.model(), task, TrainConfig(max_steps=12, eval_every=4, progress=False), tmp_path)
+    with pytest.raises(TrainingError, match="loss became nan"):
+        trainer.fit(resume=True, on_resumed=record)
+    assert json.loads((tmp_path / "checkpoint/trainer.json").read_text())["trainer"]["step"] == (4 if restored else 8)
+    assert (tmp_path / "config.json").read_text() == ('{"lr": 0.001}' if restored else '{"lr": 1e30}')
+
+
+def test_a_tied_score_keeps_the_weights_of_the_lower_loss():
+    """--select bleu at a run's start: BLEU 0 at every evaluation kept the first, worst-trained weights."""
+    from attnlab.training.engine import _better
+
+    best = {"score": 0.0, "loss": 5.6, "step": 100}
+    assert _better({"score": 0.0, "loss": 4.8}, 0.0, best)  # tied score, lower loss
+    assert not _better({"score": 0.0, "loss": 5.9}, 0.0, best)
+    assert not _better({"score": -0.1, "loss": 1.0}, 0.0, best)  # the score decides first
+    assert _better({"score": 0.1, "loss": 9.0}, 0.0, best)
+    assert not _better({"score": 0.0}, 0.0, {"score": 0.0})  # no loss to compare: the first is kept
+    assert _better({"score": 0.0, "loss": 9.0}, -math.inf, {})  # the first evaluation
+
+
+def test_evaluations_tied_on_the_score_keep_the_later_weights_of_lower_loss(tmp_path):
+    class Tied(ToyTask):
+        def evaluate(self, model):
+            return {**super().evaluate(model), "score": 0.0}  # the loss still falls
+
+    seed_everything(0)
+    task = Tied()
+    result = Trainer(task.model(), task, TrainConfig(max_steps=6, eval_every=2, lr=3e-3, progress=False),
+                     tmp_path).fit()
+    losses = [line["eval"]["loss"] for line in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+              if "eval" in line]
+    assert result.best["step"] == 2 * (1 + losses.index(min(losses))) and losses[-1] < losses[0]

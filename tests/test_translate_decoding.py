@@ -144,3 +144,17 @@ def test_leaky_decoder_sees_the_future_under_teacher_forcing_but_not_when_decodi
 def test_decode_settings_that_allow_no_length_are_refused_in_the_apis_names_and_the_options(settings, said):
     with pytest.raises(AttnlabError, match=said):
         DecodeSettings(**settings)
+
+
+def test_scores_gone_nan_are_named_as_such_not_as_padding_fed_to_the_caches():
+    """Huge finite weights (a run that diverged) give NaN scores; their arg-max is the padding id, and decoding
+    said it could not mask padding in its caches: a fix no user could make."""
+    m = model()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(1e28)
+    _, src = sources()
+    for search in (greedy_search, lambda *a, **k: beam_search(*a, beam_size=2, **k)):
+        with pytest.raises(AttnlabError, match="the model's scores for the next token are NaN or infinite: its "
+                                               "weights have diverged"):
+            search(m, src)

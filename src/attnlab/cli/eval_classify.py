@@ -13,7 +13,7 @@ from attnlab.cli.params import PathParam, default_output
 from attnlab.tasks.classify import load_classifier
 from attnlab.tasks.classify_eval import default_confusion_path, draw_confusion, evaluate_table
 from attnlab.tasks.tables import TABLE_FORMATS, one_line, read_table
-from attnlab.training.checkpoint import refuse_overwriting
+from attnlab.training.checkpoint import read_run_config, refuse_overwriting
 from attnlab.training.plots import figure_format
 
 
@@ -29,6 +29,7 @@ from attnlab.training.plots import figure_format
 def eval_classify(run: Path, data: Path, text_column: str | None, label_column: str | None, confusion: Path | None,
                   as_json: bool) -> None:
     """Score the run RUN on the labelled table --data."""
+    read_run_config(run, "classify")  # first: a RUN that is no run would be blamed on the --confusion put in it
     if confusion is not None:
         figure_format(confusion, "--confusion")  # a name matplotlib cannot write is said before the scoring
     png = confusion or default_output(default_confusion_path(Path(run), Path(data)), "--confusion")

@@ -34,7 +34,9 @@ def eval_translate(run: Path, src_file: Path, ref_file: Path, hyp_out: Path | No
     from attnlab.tasks.parallel_data import check_aligned
     from attnlab.tasks.translate import corpus_scores
     from attnlab.tasks.translator import load_translator, read_sentences
-    from attnlab.training.checkpoint import refuse_overwriting
+    from attnlab.training.checkpoint import read_run_config, refuse_overwriting
+
+    read_run_config(run, "translate")  # first: a RUN that is no run would be blamed on the --hyp-out put in it
 
     for option, path in (("--src-file", src_file), ("--ref-file", ref_file)):
         if str(path) == "-":  # two files cannot share one stdin, and the hypotheses are named after the source

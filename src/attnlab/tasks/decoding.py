@@ -31,6 +31,7 @@ from attnlab.data import BOS_ID, EOS_ID, PAD_ID, pad_batch
 from attnlab.errors import AttnlabError
 from attnlab.nn import KVCache, Transformer
 from attnlab.tasks.parallel_data import sorted_chunks
+from attnlab.tasks.sampling import refuse_broken_scores
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ def _step_log_probs(model: Transformer, prefix: Tensor, memory: Tensor, *, memor
     else:
         logits, _ = model.decode(prefix, memory, memory_attend_mask=memory_attend_mask)
     logits = logits[:, -1].float()
+    refuse_broken_scores(logits)
     logits[:, PAD_ID] = -math.inf
     logits[:, BOS_ID] = -math.inf
     return torch.log_softmax(logits, dim=-1)

@@ -66,6 +66,15 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     return logits.masked_fill(drop, -math.inf)
 
 
+def refuse_broken_scores(logits: Tensor) -> None:
+    """Refuse logits holding NaN or +inf (-inf is a token ruled out): the weights of a run that diverged, finite but
+    huge, give them, and the arg-max of NaN scores is token 0, the padding id, which decoding then refused for
+    a reason that was not the model's."""
+    if not bool((logits < math.inf).all()):  # (NaN compares False)
+        raise AttnlabError("the model's scores for the next token are NaN or infinite: its weights have diverged "
+                           "(trained with too high a learning rate, say) or overflow their dtype")
+
+
 def next_token(
     logits: Tensor,
     *,
@@ -76,6 +85,7 @@ def next_token(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """Choose one token per row: (batch, vocab) logits -> (batch,) ids."""
+    refuse_broken_scores(logits)
     if greedy:
         return logits.argmax(dim=-1)
     check_sampling(temperature, top_k, top_p)

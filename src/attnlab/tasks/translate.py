@@ -226,6 +226,8 @@ class TranslationTask:
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         """Teacher-forced loss and greedy BLEU/chrF on the validation set; ``score`` by ``settings.select``."""
         nll = teacher_forced_nll(model, self.valid)
+        if not math.isfinite(nll):  # the engine says so; decoding NaN scores would fail on another account first
+            return {"loss": nll, "score": math.nan}
         hyps = translate_ids(model, self.valid_sources, DecodeSettings(beam_size=1))
         scores = corpus_scores([self.tgt_tokenizer.decode(h) for h in hyps], self.valid_refs)
         metrics = {"loss": nll, "ppl": math.exp(min(nll, 50.0)), "bleu": scores["bleu"], "chrf": scores["chrf"]}

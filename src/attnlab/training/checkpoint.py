@@ -379,6 +379,8 @@ def read_run_config(run_dir: str | Path, task: str | None = None) -> dict[str, A
         raise AttnlabError(f"{run_dir} does not exist: no run there")
     if not run_dir.is_dir():
         raise AttnlabError(f"{run_dir} is not a folder")
+    if path.is_dir():
+        raise AttnlabError(f"{path} is a folder, not a run's config file")
     if not path.is_file():
         raise AttnlabError(f"{run_dir} is not an attnlab run folder (no {CONFIG})")
     try:

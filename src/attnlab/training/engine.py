@@ -309,6 +309,10 @@ class Trainer:
             if own is not None and not _same_kind(own, value):
                 raise AttnlabError(f"checkpoint in {self.out / CHECKPOINT} is damaged: trainer.json's {key} is "
                                    f"{value!r}, not {type(own).__name__}")
+            # Counts and seconds cannot be negative or endless (a training time of -1e9 s reached result.json)
+            if key in COUNTERS and not (value >= 0 and math.isfinite(value) and (key == "elapsed" or value % 1 == 0)):
+                raise AttnlabError(f"checkpoint in {self.out / CHECKPOINT} is damaged: trainer.json's {key} is "
+                                   f"{value!r}, not {'a number of seconds' if key == 'elapsed' else 'a count'}")
         self.state.update(counters)
         saved_world = self.state.get("world")  # None: written before checkpoints recorded it
         if self.place.is_main and saved_world is None and self.place.distributed:
@@ -414,10 +418,13 @@ class Trainer:
                 metrics = {k: float(v) for k, v in self.task.evaluate(model).items()}
             if "score" not in metrics:
                 raise AttnlabError("the task's evaluate() must return a 'score'")
-            if not math.isfinite(metrics["score"]):  # no weights would ever count as the best: say so now
-                raise TrainingError(f"the evaluation at step {self.state['step']} gave a score of "
-                                    f"{metrics['score']}: the model's outputs are no longer finite")
-            improved = metrics["score"] > self.state["best_score"]
+            # Any figure, not the score alone: an accuracy stays finite over NaN outputs (argmax picks a class),
+            # and such weights were kept as the best. (No weights would count as the best after a NaN score.)
+            broken = next((name for name, value in metrics.items() if not math.isfinite(value)), None)
+            if broken is not None:
+                raise TrainingError(f"the evaluation at step {self.state['step']} gave a {broken} of "
+                                    f"{metrics[broken]}: the model's outputs are no longer finite")
+            improved = _better(metrics, self.state["best_score"], self.state["best"])
             if improved:
                 self.state.update(best_score=metrics["score"], best={**metrics, "step": self.state["step"]},
                                   evals_without_improvement=0)
@@ -478,9 +485,13 @@ class Trainer:
         if cfg.bf16 and self.place.is_main and not has_fast_bf16(self.place.device):
             print(f"note: this {self.place.device.type.upper()} has no native bfloat16 arithmetic; bf16 autocast "
                   "will run slower than float32 here", file=sys.stderr)
+        recorded, resumed_at = None, None  # config.json before ``on_resumed`` rewrote it (rank 0), and the step
         if resume:
             self.resume()
+            resumed_at = self.checkpoint_step
             if on_resumed is not None:
+                if self.place.is_main and (self.out / CONFIG).is_file():
+                    recorded = (self.out / CONFIG).read_text(encoding="utf-8")
                 on_resumed()
         elif self.place.is_main:
             self.metrics_path.unlink(missing_ok=True)
@@ -519,6 +530,15 @@ class Trainer:
                     self._checkpoint()
                 if last or stopped_early:
                     break
+        except Exception:
+            # A resume that failed before its checkpoint moved (its loss gone NaN under a learning rate it was
+            # given, say) leaves the run as it was: the settings it recorded did not take, and kept in config.json
+            # they would be the next plain --resume's without its "resume: ... ->" line. (Ctrl-C is no failure:
+            # an interrupted lengthening goes on with a plain --resume.)
+            if recorded is not None and self.checkpoint_step == resumed_at:
+                with contextlib.suppress(OSError):  # (the failure's own error is the one to see)
+                    write_text_atomic(self.out / CONFIG, recorded)
+            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -538,6 +558,19 @@ class Trainer:
     def close(self) -> None:
         """Leave the process group."""
         distributed.teardown(self.place)
+
+
+#: The checkpoint's counters that are counts, or (``elapsed``) seconds: none of them is negative.
+COUNTERS = ("step", "epoch", "batch_in_epoch", "evals_without_improvement", "tokens", "elapsed")
+
+
+def _better(metrics: dict[str, float], best_score: float, best: dict[str, Any]) -> bool:
+    """Whether an evaluation beats the best so far: a higher score, or the same score at a lower loss. A BLEU or
+    an accuracy ties often (0 at every evaluation of a run's start), and the first of the tied was kept over
+    later, better-trained weights."""
+    if metrics["score"] != best_score or "loss" not in metrics or "loss" not in best:
+        return metrics["score"] > best_score
+    return metrics["loss"] < best["loss"]
 
 
 def _same_kind(own: Any, value: Any) -> bool:
