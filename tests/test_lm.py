@@ -1179,3 +1179,42 @@ def test_a_full_disk_while_saving_is_one_line_naming_the_file(run, tmp_path, mon
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert result.stderr.splitlines()[-1].startswith(f"error: cannot write {out}/")
     assert result.stderr.splitlines()[-1].endswith("No space left on device (os error 28)")
+
+
+def test_eval_lm_scores_every_token_of_a_text_exactly(run, tmp_path):
+    """`attnlab eval lm`: the loss on every token but the first, in windows of the context read from their starts,
+    against a computation written out here one window at a time."""
+    import torch.nn.functional as F
+
+    from attnlab.data.tokenizers import load_tokenizer
+    from attnlab.training.checkpoint import load_run
+
+    text = tmp_path / "other.txt"
+    text.write_text("the lazy dog jumps over the quick brown fox.\n" * 3, encoding="utf-8")  # 135 characters
+    result = invoke("eval", "lm", run[0], "--text", text, "--json")
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.stdout)
+    model, _ = load_run(run[0], task="lm")
+    ids = load_tokenizer(run[0] / "tokenizer.json").encode(text.read_text(encoding="utf-8"))
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, len(ids) - 1, 24):  # the run's context: 24
+            window = torch.tensor(ids[start : start + 25])
+            total += F.cross_entropy(model(window[None, :-1])[0], window[1:], reduction="sum").item()
+    assert got["tokens"] == 134 and got["loss"] == pytest.approx(total / 134, rel=1e-5)
+    assert got["bits_per_token"] == pytest.approx(got["loss"] / math.log(2))
+    assert got["perplexity"] == pytest.approx(math.exp(got["loss"]))
+    assert json.loads(invoke("eval", "lm", run[0], "--text", text, "--json", "--batch-size", "1").stdout)["loss"] == \
+        pytest.approx(got["loss"], rel=1e-6)  # the batch is memory, not the result
+    line = invoke("eval", "lm", run[0], "--text", text).stdout
+    assert line == f"{text}: 134 tokens scored | loss {got['loss']:.4f} nats/token | perplexity " \
+                   f"{got['perplexity']:.3f} | {got['bits_per_token']:.4f} bits per character\n"
+    for content, said in (("t", "the text holds 1 token: scoring needs at least 2 (one to read, one to predict)"),
+                          ("the fox§", "character '§' is not in this model's vocabulary of 29 characters"),
+                          ("", f"{text} is empty")):
+        text.write_text(content, encoding="utf-8")
+        result = invoke("eval", "lm", run[0], "--text", text)
+        assert result.exit_code == 2 and result.stderr == f"error: {said}\n"
+    text.write_text(TEXT, encoding="utf-8")
+    result = invoke("eval", "lm", text.parent, "--text", text)  # not a run folder
+    assert result.exit_code == 2 and result.stderr == f"error: {text.parent} is not an attnlab run folder (no config.json)\n"

@@ -9,6 +9,7 @@ from attnlab.cli.lazy import LazyGroup
 #: task name -> "module:attribute" of its click command.
 EVAL_COMMANDS: dict[str, str] = {
     "classify": "attnlab.cli.eval_classify:eval_classify",
+    "lm": "attnlab.cli.eval_lm:eval_lm",
     "translate": "attnlab.cli.eval_translate:eval_translate",
 }
 

@@ -156,6 +156,32 @@ def check_split(ids: Tensor, context: int, split: str) -> None:
 
 
 @torch.no_grad()
+def text_loss(model: nn.Module, ids: Tensor, *, context: int, batch_size: int = 64) -> float:
+    """Mean loss in nats per token over every token of ``ids`` (1-D) but the first, which nothing predicts.
+
+    Exact and deterministic, unlike :func:`evaluate_loss`'s estimate: the text is cut into consecutive windows of
+    ``context`` targets (the last one shorter), each read from its own start, ``batch_size`` windows at a time.
+    """
+    if len(ids) < 2:
+        raise AttnlabError(f"the text holds {len(ids)} token{'s' if len(ids) != 1 else ''}: scoring needs at least "
+                           "2 (one to read, one to predict)")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    full = (len(ids) - 1) // context
+    inputs, targets = ids[: full * context].view(full, context), ids[1 : full * context + 1].view(full, context)
+    total = 0.0
+    for start in range(0, full, batch_size):
+        total += float(summed_loss(model, inputs[start : start + batch_size].to(device),
+                                   targets[start : start + batch_size].to(device)))
+    if full * context < len(ids) - 1:  # the tail, shorter than a context
+        total += float(summed_loss(model, ids[full * context : -1][None].to(device),
+                                   ids[full * context + 1 :][None].to(device)))
+    model.train(was_training)
+    return total / (len(ids) - 1)
+
+
+@torch.no_grad()
 def evaluate_loss(model: nn.Module, ids: Tensor, *, context: int, batch_size: int, iters: int,
                   seed: int = 0, stream: str = "eval", chunk: int = 256) -> float:
     """Mean loss in nats per token over ``iters`` random batches of ``batch_size`` windows (nanoGPT's estimate).
