@@ -1218,3 +1218,17 @@ def test_eval_lm_scores_every_token_of_a_text_exactly(run, tmp_path):
     text.write_text(TEXT, encoding="utf-8")
     result = invoke("eval", "lm", text.parent, "--text", text)  # not a run folder
     assert result.exit_code == 2 and result.stderr == f"error: {text.parent} is not an attnlab run folder (no config.json)\n"
+    # The text is read once here, so a pipe will do (`--text <(zcat t.gz)`); a device will not.
+    import threading
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    writer = threading.Thread(target=lambda: pipe.write_text(TEXT[:135], encoding="utf-8"))
+    writer.start()
+    piped = invoke("eval", "lm", run[0], "--text", pipe, "--json")
+    if writer.is_alive():  # refused without reading: open the reading end so that the writer can finish
+        os.close(os.open(pipe, os.O_RDONLY | os.O_NONBLOCK))
+    writer.join(timeout=30)
+    assert piped.exit_code == 0 and json.loads(piped.stdout)["tokens"] == 134, piped.output
+    result = invoke("eval", "lm", run[0], "--text", "/dev/null")
+    assert result.exit_code == 2 and result.stderr == "error: /dev/null is a device, not a text file: save it to a file first\n"

@@ -36,7 +36,7 @@ def eval_lm(run: Path, text: Path, batch_size: int, threads: int, as_json: bool)
     with torch_threads(threads):
         model, _ = load_run(run, task=TASK_NAME)
         tokenizer = load_tokenizer(run / TOKENIZER, model.lm_head.out_features)
-        ids = torch.tensor(tokenizer.encode(read_text(text)), dtype=torch.long)
+        ids = torch.tensor(tokenizer.encode(read_text(text, once=True)), dtype=torch.long)
         loss = text_loss(model, ids, context=model.config["max_positions"], batch_size=batch_size)
     result = {"text": str(text), "tokens": len(ids) - 1, "loss": loss, "perplexity": math.exp(min(loss, 700.0)),
               "bits_per_token": loss / math.log(2), "tokenizer": tokenizer.kind}

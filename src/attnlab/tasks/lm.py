@@ -52,23 +52,25 @@ class LMData:
     tokenizer: CharTokenizer | BPETokenizer
 
 
-def read_text(path: str | Path, *, keep_bom: bool = False) -> str:
+def read_text(path: str | Path, *, keep_bom: bool = False, once: bool = False) -> str:
     """The whole file as UTF-8 text; a missing, binary or empty file is an :class:`AttnlabError`.
 
     A leading byte-order mark is dropped (an editor's, no character of the text), unless ``keep_bom``: runs made
-    before it was are resumed on the text they split.
+    before it was are resumed on the text they split. A pipe is read only by a caller that reads the text ``once``
+    (``eval lm``); a training run reads it again for its fingerprint.
     """
     path = Path(path)
     if path.is_dir():
         raise AttnlabError(f"{path} is a folder, not a text file")
     if not path.exists():
         raise AttnlabError(f"no text file {path}")
-    if not path.is_file():  # a pipe (<(...), /dev/stdin) or a device: the run reads its text more than once
+    if not path.is_file() and not (once and path.is_fifo()):  # a pipe (<(...), /dev/stdin) or a device
         kind = "a pipe" if path.is_fifo() else "a device" if path.is_char_device() or path.is_block_device() else (
             "not a regular file")
         # (worded for `experiment leak` too, which has no --resume but fingerprints the text in its models' runs)
-        raise AttnlabError(f"{path} is {kind}, not a text file: the text is read twice (to train, and to record "
-                           "its fingerprint in the run folder); save it to a file first")
+        twice = "" if once else (" the text is read twice (to train, and to record its fingerprint in the run "
+                                 "folder);")
+        raise AttnlabError(f"{path} is {kind}, not a text file:{twice} save it to a file first")
     text = decode_utf8(path.read_bytes(), path, bom=not keep_bom)
     if not text:
         raise AttnlabError(f"{path} is empty")
