@@ -131,13 +131,12 @@ def check(spec: str, kind: str | None, pad_id: object, vocab_size: int | None, m
                                "say what kind of model it builds")
     pad_given, pad_id = pad_id is not _UNSET, defaults["pad_id"] if pad_id is _UNSET else pad_id
     if run is not None:  # ids or lengths past the run's own would fail every check for the wrong reason
-        for option, given, limit in (("--vocab-size", vocab_size, defaults["vocab_size"]),
-                                     ("--max-length", max_length, defaults["max_length"])):
-            least = MIN_VOCAB_SIZE if option == "--vocab-size" else MIN_MAX_LENGTH
+        for option, given, limit, least, what in (
+                ("--vocab-size", vocab_size, defaults["vocab_size"], MIN_VOCAB_SIZE, "a vocabulary of {} ids"),
+                ("--max-length", max_length, defaults["max_length"], MIN_MAX_LENGTH, "a context of {}")):
             if limit < least:  # no option can help: they may only go below the run's own
-                what = f"a vocabulary of {limit} ids" if option == "--vocab-size" else f"a context of {limit}"
-                raise AttnlabError(f"{run} has {what}, and the checks need at least {least} ({option} cannot go "
-                                   "past the run's own): this run cannot be checked")
+                raise AttnlabError(f"{run} has {what.format(limit)}, and the checks need at least {least} ({option} "
+                                   "cannot go past the run's own): this run cannot be checked")
             if given is not None and given > limit:
                 raise click.BadParameter(f"{given} is more than the run's own {limit}", param_hint=f"'{option}'")
     vocab_size = vocab_size or defaults["vocab_size"]

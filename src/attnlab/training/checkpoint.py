@@ -498,13 +498,18 @@ def refuse_restart_over_a_report(run_dir: str | Path) -> None:
     ``checkpoint/`` without its ``trainer.json`` is refused as damaged (the folder is written whole, under a
     temporary name): a restart would have trained over it from step 0."""
     run_dir = Path(run_dir)
+    if has_checkpoint(run_dir):
+        return
     folder = run_dir / CHECKPOINT
-    if not has_checkpoint(run_dir) and (folder.exists() or folder.is_symlink()):
-        held = ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing" if folder.is_dir() else None
-        raise AttnlabError(f"checkpoint in {folder} is damaged: " + (
-            f"trainer.json is missing (the folder holds {held})" if held else "it is not a folder") +
-            "; train into another --out, or remove the run's files to start it again")
-    if not has_checkpoint(run_dir) and (run_dir / RESULT).exists():
+    if folder.exists() or folder.is_symlink():
+        if folder.is_dir():
+            held = ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
+            damage = f"trainer.json is missing (the folder holds {held})"
+        else:
+            damage = "it is not a folder"
+        raise AttnlabError(f"checkpoint in {folder} is damaged: {damage}; train into another --out, or remove the "
+                           "run's files to start it again")
+    if (run_dir / RESULT).exists():
         raise AttnlabError(f"{run_dir} holds the report of a run that ran ({RESULT}) but no {CHECKPOINT}/ to resume "
                            "from: resuming would train it again from step 0 over its weights; train into another "
                            "--out, or remove the run's files to start it again")

@@ -560,8 +560,9 @@ class Trainer:
         distributed.teardown(self.place)
 
 
-#: The checkpoint's counters that are counts, or (``elapsed``) seconds: none of them is negative.
-COUNTERS = ("step", "epoch", "batch_in_epoch", "evals_without_improvement", "tokens", "elapsed")
+#: The checkpoint's counters that are counts, or (``elapsed``) seconds: none of them is negative. (``step`` is
+#: refused earlier, by the checkpoint's own reading.)
+COUNTERS = ("epoch", "batch_in_epoch", "evals_without_improvement", "tokens", "elapsed")
 
 
 def _better(metrics: dict[str, float], best_score: float, best: dict[str, Any]) -> bool:
