@@ -29,7 +29,7 @@ def check_token_ids(ids: Tensor, vocab_size: int) -> None:
         raise AttnlabError(f"token ids must be an integer tensor (torch.long), got {kind}")
     if ids.numel() == 0 or values_unreadable(ids):  # (nn.Embedding still refuses an id out of range, less readably)
         return
-    low, high = int(ids.min()), int(ids.max())
+    low, high = (int(value) for value in torch.aminmax(ids))  # (one pass over the ids, not two)
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
         raise AttnlabError(f"token id {bad} is outside the vocabulary of size {vocab_size} (valid ids: 0..{vocab_size - 1})")
@@ -143,7 +143,9 @@ class Embedder(nn.Module):
         """(batch, seq) ids -> (batch, seq, d_model); ``offset`` is the position of the first id."""
         check_token_ids(ids, self.vocab_size)
         check_id_batch(ids)
-        x = self.tokens(ids) * self.scale
+        x = self.tokens(ids)
+        if self.scale != 1.0:  # (a pass over x, and another backward, that would change nothing)
+            x = x * self.scale
         if self.positions is not None:  # rotary positions are applied (and checked) inside attention
             x = x + self.positions(ids.shape[1], offset)
         elif offset + ids.shape[1] > self.max_positions:  # no table to refuse it (rotary: also with no layers)
