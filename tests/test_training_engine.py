@@ -28,6 +28,7 @@ from attnlab.training.checkpoint import (
     save_weights,
     write_run_config,
 )
+from attnlab.training.distributed import Place
 from attnlab.training.engine import train_or_forget
 from launch import TWO_LOCAL_PROCESSES
 from toy_task import ToyTask
@@ -303,6 +304,20 @@ def test_a_checkpoint_whose_counters_are_of_other_kinds_is_named_damaged(tmp_pat
     path.write_text(json.dumps(meta))
     with pytest.raises(AttnlabError, match=re.escape(f"damaged: trainer.json's {key} is {value!r}")):
         train(tmp_path / "run", steps=8, resume=True)
+
+def test_a_checkpoint_past_the_end_of_its_epoch_is_named_damaged(tmp_path):
+    """A resume that skipped every batch of the epoch went on from the next one, without a word."""
+    train(tmp_path / "run", steps=4)
+    path = tmp_path / "run/checkpoint/trainer.json"
+    meta = json.loads(path.read_text())
+    batches = len(list(ToyTask(batch_size=8).batches(meta["trainer"]["epoch"], Place())))
+    meta["trainer"]["batch_in_epoch"] = batches + 1
+    path.write_text(json.dumps(meta))
+    with pytest.raises(AttnlabError, match=re.escape(f"damaged: trainer.json's batch_in_epoch is {batches + 1}, but "
+                                                     f"epoch {meta['trainer']['epoch']} of the training data has "
+                                                     f"{batches} batches")):
+        train(tmp_path / "run", steps=8, resume=True)
+
 
 @pytest.mark.parametrize("key", ["trainer", "elapsed"])
 def test_a_checkpoint_whose_counters_lack_an_entry_names_it(tmp_path, key):

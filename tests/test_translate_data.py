@@ -122,6 +122,19 @@ def test_a_missing_validation_corpus_is_said_before_the_tokenizer_is_trained(tmp
     assert not (tmp_path / "run").exists()
 
 
+def test_a_corpus_side_that_is_a_folder_is_named_a_folder(tmp_path):
+    """It was reported as "no file", which sends one looking for a file that is there, as a folder."""
+    valid = write_pair(tmp_path, ["a"], ["x"], name="valid")
+    write_pair(tmp_path, ["a"], ["x"], name="train")
+    (tmp_path / "train.xx").unlink()
+    (tmp_path / "train.xx").mkdir()
+    result = CliRunner().invoke(cli, ["train", "translate", "--train", str(tmp_path / "train"), "--valid", str(valid),
+                                      "--src", "xx", "--tgt", "yy", "--out", str(tmp_path / "run"), "--no-progress"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip().splitlines() == [f"error: {tmp_path / 'train'}.xx is a folder, not a text file (a "
+                                                  "corpus prefix names PREFIX.xx, optionally .gz)"]
+
+
 def test_a_resume_checks_the_lines_of_the_corpus_file_it_reads_however_they_are_packed(tmp_path):
     from attnlab.files import fingerprint
     from attnlab.tasks.parallel_data import file_record

@@ -51,6 +51,10 @@ def side_path(prefix: str | Path, lang: str) -> Path:
         return plain
     if zipped.is_file():
         return zipped
+    folders = [str(path) for path in (plain, zipped) if path.is_dir()]  # ("no file" would send one looking for it)
+    if folders:
+        raise AttnlabError(f"{' and '.join(folders)} {'is a folder' if len(folders) == 1 else 'are folders'}, not "
+                           f"a text file (a corpus prefix names PREFIX.{lang}, optionally .gz)")
     raise AttnlabError(f"no file {plain} or {zipped} (a corpus prefix names PREFIX.{lang}, optionally .gz)")
 
 

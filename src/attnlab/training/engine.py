@@ -348,15 +348,19 @@ class Trainer:
         """Micro-batches from the saved position on, epoch after epoch."""
         while True:
             epoch, skip = self.state["epoch"], self.state["batch_in_epoch"]
-            produced = False
+            produced = 0
             for i, batch in enumerate(self.task.batches(epoch, self.place)):
-                produced = True
+                produced = i + 1
                 if i < skip:
                     continue
                 self.state["batch_in_epoch"] = i + 1
                 yield batch
             if not produced:
                 raise AttnlabError("the training data produced no batches")
+            if skip > produced:  # (a resume would silently start the next epoch: not the run it continues)
+                raise AttnlabError(f"checkpoint in {self.out / CHECKPOINT} is damaged: trainer.json's batch_in_epoch "
+                                   f"is {skip}, but epoch {epoch} of the training data has {produced} batches (or "
+                                   "the data has changed since it was saved)")
             self.state["epoch"], self.state["batch_in_epoch"] = epoch + 1, 0
 
     def autocast(self) -> contextlib.AbstractContextManager:
