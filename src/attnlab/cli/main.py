@@ -94,6 +94,8 @@ class _MainGroup(LazyGroup):
         except AttnlabError as err:
             _error(str(err))
             ctx.exit(2)
+        except Terminated as err:  # said here: Click would first print the blank line that follows a ^C on a terminal
+            _exit_interrupted(err)
         except BrokenPipeError as err:
             if not _stdout_reader_left():
                 _error(str(err.strerror or err))
